@@ -1,0 +1,179 @@
+"""Chat messages → prompt text, with the model's own GGUF chat template.
+
+A GGUF's ``tokenizer.chat_template`` is code written by whoever made the file. It is rendered
+only in jinja2's ``ImmutableSandboxedEnvironment`` (CVE-2024-34359 was llama-cpp-python
+rendering it without one), and under limits: template size, output size and wall time, checked
+at every call, attribute access, arithmetic operator and output chunk. A template that breaks a
+rule or fails to render is replaced by the ChatML fallback with a warning, so a hostile file
+can neither run code nor hang the program.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime
+from typing import Any, Iterable, Mapping, Sequence
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+
+from .errors import EdgespecError, InvalidParameterError
+
+log = logging.getLogger(__name__)
+
+ROLES = ("system", "user", "assistant", "tool")
+
+MAX_TEMPLATE_BYTES = 256 * 1024
+MAX_OUTPUT_CHARS = 4 * 1024 * 1024
+MAX_RENDER_SECONDS = 1.0
+
+# llama.cpp's fallback when a model carries no template.
+CHATML = ("{% for message in messages %}"
+          "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+          "{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+class TemplateError(Exception):
+    """The template could not be rendered safely (reason in the message)."""
+
+
+class TemplateRefused(EdgespecError):
+    """The model's own template rejected the conversation (its ``raise_exception``)."""
+
+
+def validate_messages(messages: Any) -> list[dict[str, str]]:
+    """Check a list of ``{"role", "content"}`` dicts; return plain copies."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise InvalidParameterError("messages", type(messages).__name__,
+                                    "a non-empty list of {role, content} objects")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping):
+            raise InvalidParameterError(f"messages[{i}]", m, "an object with role and content")
+        role, content = m.get("role"), m.get("content")
+        if role not in ROLES:
+            raise InvalidParameterError(f"messages[{i}].role", role, "one of " + ", ".join(ROLES))
+        if not isinstance(content, str):
+            raise InvalidParameterError(f"messages[{i}].content", content, "a string")
+        out.append({"role": role, "content": content})
+    return out
+
+
+class _LimitedSandbox(ImmutableSandboxedEnvironment):
+    """A sandbox that also enforces a deadline and output-size limits."""
+
+    intercepted_binops = frozenset({"*", "**", "+", "//", "%"})
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.deadline = float("inf")
+
+    def _tick(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise TemplateError(f"rendering took longer than {MAX_RENDER_SECONDS:g} s")
+
+    def unsafe_undefined(self, obj, attribute):
+        # The stock sandbox returns an undefined value that prints as ''; a template that
+        # reaches for internals is hostile, so fail loudly and fall back instead.
+        raise SecurityError(f"access to {attribute!r} of a {type(obj).__name__} is not allowed")
+
+    def call(self, __context, __obj, *args, **kwargs):
+        self._tick()
+        return super().call(__context, __obj, *args, **kwargs)
+
+    def getattr(self, obj, attribute):
+        self._tick()
+        return super().getattr(obj, attribute)
+
+    def getitem(self, obj, argument):
+        self._tick()
+        return super().getitem(obj, argument)
+
+    def call_binop(self, context, operator, left, right):
+        self._tick()
+        if operator == "+" and isinstance(left, (str, list, tuple)) and \
+                isinstance(right, (str, list, tuple)) and \
+                len(left) + len(right) > MAX_OUTPUT_CHARS:
+            raise TemplateError("template builds an oversized value")
+        if operator in ("*", "**"):
+            for a, b in ((left, right), (right, left)):
+                if isinstance(a, (str, list, tuple)) and isinstance(b, int) and \
+                        len(a) * max(b, 0) > MAX_OUTPUT_CHARS:
+                    raise TemplateError("template builds an oversized value")
+            if operator == "**" and isinstance(right, (int, float)) and abs(right) > 64:
+                raise TemplateError("template computes an oversized power")
+        return super().call_binop(context, operator, left, right)
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateRefused(f"the model's chat template refused this conversation: {message}")
+
+
+class ChatTemplate:
+    """A compiled chat template with its special-token strings."""
+
+    def __init__(self, source: str | None, bos_token: str = "", eos_token: str = ""):
+        self.bos_token, self.eos_token = bos_token, eos_token
+        self.env = _LimitedSandbox(trim_blocks=True, lstrip_blocks=True,
+                                   extensions=["jinja2.ext.loopcontrols"])
+        self.env.globals.update(raise_exception=_raise_exception,
+                                strftime_now=lambda fmt: datetime.now().strftime(fmt))
+        self.fallback_reason: str | None = None
+        self.source = source
+        if source is None:
+            self.fallback_reason = "the model has no chat template"
+        elif len(source.encode("utf-8", "replace")) > MAX_TEMPLATE_BYTES:
+            self.fallback_reason = f"its chat template is larger than {MAX_TEMPLATE_BYTES} bytes"
+        else:
+            try:
+                self._template = self.env.from_string(source)
+            except jinja2.TemplateError as e:
+                self.fallback_reason = f"its chat template does not compile ({e})"
+        if self.fallback_reason:
+            self._template = self.env.from_string(CHATML)
+
+    @property
+    def is_fallback(self) -> bool:
+        return self.fallback_reason is not None
+
+    def render(self, messages: Sequence[Mapping[str, str]],
+               add_generation_prompt: bool = True) -> str:
+        """The prompt text for ``messages`` (validated) ending with the assistant's cue."""
+        msgs = validate_messages(messages)
+        try:
+            return self._render(self._template, msgs, add_generation_prompt)
+        except (TemplateError, SecurityError, jinja2.TemplateError, TypeError, ValueError,
+                AttributeError, KeyError, IndexError, RecursionError, OverflowError) as e:
+            if self.is_fallback:
+                raise
+            log.warning("chat template of this model failed (%s); using the ChatML fallback", e)
+            self.fallback_reason = f"its chat template failed to render ({e})"
+            self._template = self.env.from_string(CHATML)
+            return self._render(self._template, msgs, add_generation_prompt)
+
+    def _render(self, template: jinja2.Template, msgs: list[dict[str, str]],
+                add_generation_prompt: bool) -> str:
+        self.env.deadline = time.monotonic() + MAX_RENDER_SECONDS
+        parts: list[str] = []
+        size = 0
+        try:
+            for chunk in template.generate(messages=msgs,
+                                           add_generation_prompt=add_generation_prompt,
+                                           bos_token=self.bos_token, eos_token=self.eos_token):
+                size += len(chunk)
+                if size > MAX_OUTPUT_CHARS:
+                    raise TemplateError("template output is larger than "
+                                        f"{MAX_OUTPUT_CHARS} characters")
+                self.env._tick()
+                parts.append(chunk)
+        finally:
+            self.env.deadline = float("inf")
+        return "".join(parts)
+
+
+def join_system(messages: Iterable[Mapping[str, str]], system: str | None) -> list[dict]:
+    """``messages`` with ``system`` as the first (system) message, replacing any other."""
+    rest = [dict(m) for m in messages if m.get("role") != "system"]
+    return ([{"role": "system", "content": system}] if system else []) + rest

@@ -1,0 +1,142 @@
+"""Frozen configuration objects, validated on construction.
+
+Each invalid value raises :class:`~edgespec.errors.InvalidParameterError` naming the
+parameter and its valid range, so a typo at the command line or in an HTTP body gets the same
+one-line explanation.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from .errors import InvalidParameterError
+
+DRAFTERS = ("model", "ngram", "hybrid", "none")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_real(name: str, value: object, lo: float, hi: float, *, lo_open: bool = False,
+                valid: str) -> None:
+    if not _is_number(value) or math.isnan(value) or math.isinf(value):
+        raise InvalidParameterError(name, value, valid)
+    if value < lo or (lo_open and value == lo) or value > hi:
+        raise InvalidParameterError(name, value, valid)
+
+
+def _check_int(name: str, value: object, lo: int, hi: int | None, valid: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < lo or (
+            hi is not None and value > hi):
+        raise InvalidParameterError(name, value, valid)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the next token is chosen from a model's logits.
+
+    The same warp (see :func:`edgespec.sampling.warp`) is applied to the target's logits (p)
+    and the draft's logits (q), in llama.cpp's order: repeat penalty → top-k → top-p → min-p
+    → temperature. ``temperature == 0`` is greedy decoding (argmax after the penalty).
+    Defaults are llama.cpp's. ``top_k=0``, ``top_p=1``, ``min_p=0`` disable the cut-offs;
+    :meth:`neutral` gives a pure softmax.
+    """
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_real("temperature", self.temperature, 0.0, 1e6,
+                    valid="a finite number >= 0 (0 = greedy)")
+        _check_int("top_k", self.top_k, 0, None, valid="an integer >= 0 (0 = disabled)")
+        _check_real("top_p", self.top_p, 0.0, 1.0, lo_open=True,
+                    valid="a number in (0, 1] (1 = disabled)")
+        _check_real("min_p", self.min_p, 0.0, 1.0, valid="a number in [0, 1] (0 = disabled)")
+        _check_real("repeat_penalty", self.repeat_penalty, 0.0, 1e6, lo_open=True,
+                    valid="a finite number > 0 (1 = disabled)")
+        _check_int("repeat_last_n", self.repeat_last_n, 0, None,
+                   valid="an integer >= 0 (0 = disabled)")
+        _check_real("presence_penalty", self.presence_penalty, -2.0, 2.0,
+                    valid="a number in [-2, 2] (0 = disabled)")
+        _check_real("frequency_penalty", self.frequency_penalty, -2.0, 2.0,
+                    valid="a number in [-2, 2] (0 = disabled)")
+        if self.seed is not None:
+            _check_int("seed", self.seed, 0, 2**64 - 1, valid="an integer in [0, 2**64) or None")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def uses_penalty(self) -> bool:
+        return self.repeat_last_n > 0 and (self.repeat_penalty != 1.0
+                                           or self.presence_penalty != 0.0
+                                           or self.frequency_penalty != 0.0)
+
+    @classmethod
+    def neutral(cls, temperature: float = 1.0, seed: int | None = None) -> "SamplingParams":
+        """Plain softmax at ``temperature``: no cut-offs, no penalty."""
+        return cls(temperature=temperature, top_k=0, top_p=1.0, min_p=0.0, seed=seed)
+
+    def replace(self, **changes) -> "SamplingParams":
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """How drafts are made and how long they are.
+
+    ``draft_max`` is the most tokens drafted per round; ``p_min`` stops a draft early when the
+    draft model's own probability of the token it picked falls below it (llama.cpp's
+    ``--draft-p-min``). ``drafter='none'`` is plain target decoding.
+    """
+
+    drafter: str = "model"
+    draft_max: int = 16
+    p_min: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.drafter not in DRAFTERS:
+            raise InvalidParameterError("drafter", self.drafter, "one of " + ", ".join(DRAFTERS))
+        _check_int("draft_max", self.draft_max, 0, 256, valid="an integer in [0, 256]")
+        _check_real("p_min", self.p_min, 0.0, 1.0, valid="a number in [0, 1]")
+
+
+def default_threads() -> int:
+    """Threads for llama.cpp: all cores on small machines, roughly the physical cores above."""
+    n = os.cpu_count() or 1
+    return n if n <= 4 else max(4, n // 2)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """How one GGUF is loaded: its own context, batch and offload settings."""
+
+    path: Path
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_threads: int = field(default_factory=default_threads)
+    n_gpu_layers: int = -1
+    n_outputs_max: int = 64
+    verbose: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", Path(self.path).expanduser())
+        _check_int("n_ctx", self.n_ctx, 16, 1 << 24, valid="an integer in [16, 16777216]")
+        _check_int("n_batch", self.n_batch, 1, 1 << 16, valid="an integer in [1, 65536]")
+        _check_int("n_threads", self.n_threads, 1, 1024, valid="an integer in [1, 1024]")
+        _check_int("n_gpu_layers", self.n_gpu_layers, -1, None,
+                   valid="an integer >= -1 (-1 = all layers)")
+        _check_int("n_outputs_max", self.n_outputs_max, 1, 1 << 16,
+                   valid="an integer in [1, 65536]")

@@ -1,0 +1,422 @@
+"""The Engine: a target model, an optional draft, and the API everything else calls.
+
+``Engine.load`` opens both models (each with its own context), checks that they share a
+tokenizer, and builds the drafter. ``stream`` turns a prompt (text or chat messages) into
+committed tokens through :func:`edgespec.speculative.decode` and into text through
+:class:`~edgespec.textstream.TextAssembler`; ``generate`` collects a stream. Both caches are
+kept between calls: a prompt that extends the previous one (the next chat turn) evaluates only
+its new tokens.
+
+One llama.cpp context is not thread-safe, so generations on one Engine are serialised by a
+lock; ``cancel()`` may be called from any thread and stops the running generation within one
+step.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterator, Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+from .backend import LlamaModel, backend_info, check_compatible
+from .chat import ChatTemplate, validate_messages
+from .config import ModelConfig, SamplingParams, SpecConfig, default_threads
+from .drafters import ModelDrafter, NgramDrafter
+from .errors import ContextOverflowError, EdgespecError, InvalidParameterError
+from .speculative import LoopStats, decode
+from .textstream import TextAssembler
+
+log = logging.getLogger(__name__)
+
+Prompt = Union[str, Sequence[Mapping[str, str]]]
+
+
+@dataclass
+class GenerationStats:
+    """What one generation cost and how speculation did (times in seconds)."""
+
+    prompt_tokens: int = 0
+    prompt_tokens_evaluated: int = 0   # not found in the KV cache, so evaluated (target)
+    completion_tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    target_passes: int = 0
+    prompt_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    llama_seconds: float = 0.0         # inside llama_decode, both models, decoding phase
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    speculative: bool = False
+    tested_at: list = field(default_factory=list)   # per draft position, see LoopStats
+    accepted_at: list = field(default_factory=list)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return self.completion_tokens / self.target_passes if self.target_passes else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Decoding speed: completion tokens over decoding time (prompt processing excluded)."""
+        return self.completion_tokens / self.decode_seconds if self.decode_seconds else 0.0
+
+    @property
+    def prompt_tokens_per_second(self) -> float:
+        return (self.prompt_tokens_evaluated / self.prompt_seconds
+                if self.prompt_seconds else 0.0)
+
+    @property
+    def python_seconds(self) -> float:
+        """Decoding wall time spent outside llama.cpp (drafting logic, verification, text)."""
+        return max(0.0, self.decode_seconds - self.llama_seconds)
+
+    @property
+    def python_share(self) -> float:
+        return self.python_seconds / self.decode_seconds if self.decode_seconds else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for name in ("acceptance_rate", "tokens_per_pass", "tokens_per_second",
+                     "prompt_tokens_per_second", "python_seconds", "python_share"):
+            d[name] = getattr(self, name)
+        return d
+
+
+@dataclass
+class Generation:
+    """The result of a generation."""
+
+    text: str
+    tokens: list[int]
+    finish_reason: str          # "stop" | "length" | "cancelled"
+    stats: GenerationStats = field(default_factory=GenerationStats)
+
+    def to_dict(self) -> dict:
+        return {"text": self.text, "tokens": self.tokens, "finish_reason": self.finish_reason,
+                "stats": self.stats.to_dict()}
+
+
+@dataclass
+class StreamEvent:
+    """A piece of streamed output: the text released with ``token`` (may be '' while a
+    character or a possible stop string is incomplete)."""
+
+    text: str
+    token: int
+    from_draft: bool
+
+
+class Stream:
+    """Iterator of :class:`StreamEvent`; ``result`` holds the :class:`Generation` at the end.
+
+    Closing it (or breaking out of a ``for`` loop and dropping it) stops the generation and
+    leaves the caches consistent.
+    """
+
+    def __init__(self, engine: "Engine", events: Iterator[StreamEvent]):
+        self._engine = engine
+        self._events = events
+        self.result: Optional[Generation] = None
+
+    def __iter__(self) -> "Stream":
+        return self
+
+    def __next__(self) -> StreamEvent:
+        return next(self._events)
+
+    def close(self) -> None:
+        self._events.close()
+
+    def cancel(self) -> None:
+        self._engine.cancel()
+
+    def __enter__(self) -> "Stream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    if n and a[:n] == b[:n]:
+        return n
+    arr_a = np.asarray(a[:n], dtype=np.int64)
+    arr_b = np.asarray(b[:n], dtype=np.int64)
+    diff = np.flatnonzero(arr_a != arr_b)
+    return int(diff[0]) if diff.size else n
+
+
+class Engine:
+    """A loaded target (and optional draft) ready to generate. See the module docstring."""
+
+    def __init__(self, target: LlamaModel, draft: Optional[LlamaModel], spec: SpecConfig):
+        self.target = target
+        self.draft = draft
+        self.spec = spec
+        special = lambda t: target.token_text(t).decode("utf-8", "replace") if t >= 0 else ""
+        self.template = ChatTemplate(target.info.chat_template,
+                                     bos_token=special(target.vocab.bos),
+                                     eos_token=special(target.vocab.eos))
+        if self.template.is_fallback:
+            log.warning("%s: %s; using the ChatML format", target.path.name,
+                        self.template.fallback_reason)
+        self.drafter = self._make_drafter()
+        self._lock = threading.RLock()
+        self._cancel = threading.Event()
+        self._closed = False
+
+    # -- construction ---------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, target: Union[str, Path, None] = None, draft: Union[str, Path, None] = None,
+             *, pair: Optional[str] = None, n_ctx: int = 4096, n_batch: int = 512,
+             n_threads: Optional[int] = None, n_gpu_layers: int = -1,
+             draft_n_gpu_layers: int = -1, drafter: Optional[str] = None,
+             draft_max: Optional[int] = None, p_min: Optional[float] = None,
+             verbose: bool = False) -> "Engine":
+        """Load a target GGUF and optionally a draft GGUF (or a registry ``pair`` name).
+
+        ``drafter`` is ``"model"`` (the default when a draft is given), ``"ngram"`` (prompt
+        lookup, no draft model needed) or ``"none"`` (plain decoding). Raises
+        :class:`~edgespec.errors.ModelLoadError` for files that cannot be loaded and
+        :class:`~edgespec.errors.IncompatiblePairError` when the draft's tokenizer differs.
+        """
+        if pair is not None:
+            if target is not None or draft is not None:
+                raise InvalidParameterError("pair", pair, "used alone, without target/draft")
+            from .pairs import resolve_pair
+            target, draft = resolve_pair(pair)
+        if target is None:
+            raise InvalidParameterError("target", None, "a path to a GGUF file (or pair=NAME)")
+        if drafter is None:
+            drafter = "model" if draft is not None else "none"
+        defaults = SpecConfig()
+        spec = SpecConfig(drafter=drafter,
+                          draft_max=defaults.draft_max if draft_max is None else draft_max,
+                          p_min=defaults.p_min if p_min is None else p_min)
+        if drafter in ("model", "hybrid") and draft is None:
+            raise InvalidParameterError("drafter", drafter, "'ngram' or 'none' when no draft "
+                                        "model is given (or pass draft=PATH)")
+        threads = n_threads or default_threads()
+        n_out = max(64, spec.draft_max + 1)
+        t_model = LlamaModel(ModelConfig(target, n_ctx=n_ctx, n_batch=n_batch, n_threads=threads,
+                                         n_gpu_layers=n_gpu_layers, n_outputs_max=n_out,
+                                         verbose=verbose))
+        d_model = None
+        try:
+            if draft is not None and drafter in ("model", "hybrid"):
+                d_model = LlamaModel(ModelConfig(draft, n_ctx=n_ctx, n_batch=n_batch,
+                                                 n_threads=threads,
+                                                 n_gpu_layers=draft_n_gpu_layers,
+                                                 n_outputs_max=1, verbose=verbose))
+                check_compatible(t_model, d_model)
+            return cls(t_model, d_model, spec)
+        except BaseException:
+            if d_model is not None:
+                d_model.close()
+            t_model.close()
+            raise
+
+    def _make_drafter(self):
+        kind = self.spec.drafter
+        if kind == "model":
+            return ModelDrafter(self.draft, self.target.vocab.eog, self.spec.p_min)
+        if kind == "ngram":
+            return NgramDrafter()
+        if kind == "hybrid":
+            raise InvalidParameterError("drafter", kind, "'model', 'ngram' or 'none'")
+        return None
+
+    # -- information ----------------------------------------------------------------------
+
+    def info(self) -> dict:
+        """Pair, backend and settings, for status lines and ``/v1/models``."""
+        return {"target": self.target.describe(),
+                "draft": self.draft.describe() if self.draft else None,
+                "drafter": self.spec.drafter, "draft_max": self.spec.draft_max,
+                "p_min": self.spec.p_min, "backend": backend_info()["backend"],
+                "chat_template": "fallback (ChatML)" if self.template.is_fallback else "model"}
+
+    @property
+    def n_ctx(self) -> int:
+        return self.target.n_ctx
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return self.target.tokenize(text, add_special=add_special, parse_special=True)
+
+    def prompt_tokens(self, prompt: Prompt, raw: bool = False) -> list[int]:
+        """The exact tokens both models will see for ``prompt``."""
+        if isinstance(prompt, str) and raw:
+            text = prompt
+        else:
+            messages = ([{"role": "user", "content": prompt}] if isinstance(prompt, str)
+                        else validate_messages(prompt))
+            text = self.template.render(messages, add_generation_prompt=True)
+        tokens = self.tokenize(text)
+        bos = self.target.vocab.bos
+        if len(tokens) >= 2 and tokens[0] == tokens[1] == bos:
+            tokens = tokens[1:]  # the template wrote BOS itself; do not double it
+        if not tokens:
+            raise InvalidParameterError("prompt", prompt, "a non-empty text")
+        return tokens
+
+    # -- generation -----------------------------------------------------------------------
+
+    def generate(self, prompt: Prompt, *, max_tokens: int = 256,
+                 sampling: Optional[SamplingParams] = None, speculative: bool = True,
+                 raw: bool = False, stop: Sequence[str] = ()) -> Generation:
+        """Generate a completion of ``prompt`` (text, or a list of chat messages).
+
+        ``raw=True`` sends text as-is; otherwise it is wrapped as a user message in the
+        model's chat template. ``speculative=False`` decodes with the target alone.
+        """
+        s = self.stream(prompt, max_tokens=max_tokens, sampling=sampling,
+                        speculative=speculative, raw=raw, stop=stop)
+        for _ in s:
+            pass
+        assert s.result is not None
+        return s.result
+
+    def chat(self, messages: Sequence[Mapping[str, str]], **kwargs) -> Generation:
+        return self.generate(messages, **kwargs)
+
+    def stream(self, prompt: Prompt, *, max_tokens: int = 256,
+               sampling: Optional[SamplingParams] = None, speculative: bool = True,
+               raw: bool = False, stop: Sequence[str] = ()) -> Stream:
+        """Like :meth:`generate`, streaming :class:`StreamEvent` objects as tokens commit."""
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            raise InvalidParameterError("max_tokens", max_tokens, "an integer >= 1")
+        if isinstance(stop, str):
+            stop = [stop]
+        if any(not isinstance(s, str) or not s for s in stop):
+            raise InvalidParameterError("stop", list(stop), "a list of non-empty strings")
+        sampling = sampling if sampling is not None else SamplingParams()
+        self._check_open()
+        tokens = self.prompt_tokens(prompt, raw=raw)
+        if len(tokens) >= self.n_ctx:
+            raise ContextOverflowError(len(tokens), self.n_ctx)
+        stream = Stream(self, iter(()))
+        stream._events = self._run(stream, tokens, max_tokens, sampling,
+                                   speculative and self.drafter is not None, list(stop))
+        return stream
+
+    def cancel(self) -> None:
+        """Stop the running generation (if any) within one decoding step. Thread-safe."""
+        self._cancel.set()
+
+    def _run(self, stream: Stream, prompt: list[int], max_tokens: int,
+             sampling: SamplingParams, speculative: bool,
+             stop: list[str]) -> Iterator[StreamEvent]:
+        with self._lock:
+            self._check_open()
+            self._cancel.clear()
+            stats = GenerationStats(prompt_tokens=len(prompt), speculative=speculative)
+            out_tokens: list[int] = []
+            text: list[str] = []
+            finish = "length"
+            target = self.target
+            models = [target] + ([self.draft] if speculative and self.draft else [])
+            t0 = time.perf_counter()
+            stats.prompt_tokens_evaluated = self._prefill(target, prompt)
+            if speculative and self.draft is not None:
+                self._prefill(self.draft, prompt)
+            t1 = time.perf_counter()
+            stats.prompt_seconds = t1 - t0
+            llama0 = sum(m.decode_seconds for m in models)
+
+            context = list(prompt)
+            loop_stats = LoopStats()
+            rng = np.random.default_rng(sampling.seed)
+            assembler = TextAssembler(stop)
+            eog = target.vocab.eog
+            steps = (decode(target, context, params=sampling, rng=rng, max_new=max_tokens,
+                            drafter=self.drafter if speculative else None,
+                            draft_max=self.spec.draft_max, stats=loop_stats)
+                     if not self._cancel.is_set() else iter(()))
+            try:
+                if self._cancel.is_set():  # cancelled during prompt processing
+                    finish = "cancelled"
+                else:
+                    for step in steps:
+                        if step.token in eog:
+                            finish = "stop"
+                            break
+                        out_tokens.append(step.token)
+                        piece = assembler.push(target.token_bytes(step.token))
+                        if assembler.stopped:
+                            finish = "stop"
+                            text.append(piece)
+                            yield StreamEvent(piece, step.token, step.from_draft)
+                            break
+                        text.append(piece)
+                        yield StreamEvent(piece, step.token, step.from_draft)
+                        if self._cancel.is_set():
+                            finish = "cancelled"
+                            break
+                    else:
+                        finish = "length"
+            finally:
+                if hasattr(steps, "close"):
+                    steps.close()
+                t2 = time.perf_counter()
+                stats.decode_seconds = t2 - t1
+                stats.llama_seconds = sum(m.decode_seconds for m in models) - llama0
+                stats.completion_tokens = len(out_tokens)
+                stats.drafted, stats.accepted = loop_stats.drafted, loop_stats.accepted
+                stats.target_passes = loop_stats.target_passes
+                stats.draft_seconds = loop_stats.draft_seconds
+                stats.verify_seconds = loop_stats.verify_seconds
+                stats.tested_at = loop_stats.tested_at
+                stats.accepted_at = loop_stats.accepted_at
+                tail = assembler.finish()
+                text.append(tail)
+                stream.result = Generation("".join(text), out_tokens, finish, stats)
+            if tail:
+                yield StreamEvent(tail, out_tokens[-1] if out_tokens else -1, False)
+
+    def _prefill(self, model: LlamaModel, prompt: list[int]) -> int:
+        """Make ``model``'s cache hold ``prompt[:-1]``, reusing its common prefix.
+
+        Returns how many tokens were evaluated. Checks for cancellation between batches.
+        """
+        want = prompt[:-1]
+        keep = _common_prefix(model.tokens, want)
+        model.truncate(keep)
+        todo = want[keep:]
+        for start in range(0, len(todo), model.n_batch):
+            if self._cancel.is_set():
+                break
+            model.eval(todo[start:start + model.n_batch], 0)
+        return len(model.tokens) - keep + 1
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EdgespecError("this Engine is closed; load a new one")
+
+    def close(self) -> None:
+        """Free both models. Waits for a running generation to finish its current step."""
+        self.cancel()
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self.draft is not None:
+                self.draft.close()
+            self.target.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,127 @@
+"""The speculative decoding loop: draft → verify in one target pass → accept → trim → emit.
+
+Cache invariant (as in llama.cpp's speculative-simple): the target's KV cache holds exactly the
+committed context minus its last token ``id_last``, which is fed first in the next verify batch.
+So prompt processing of the last prompt token and the first verification share one pass, and a
+rejected suffix is removed with one ``truncate``. The draft's cache holds a prefix of the
+committed context; the drafter feeds whatever it is missing.
+
+:func:`decode` yields committed tokens one at a time. Whoever consumes it may stop at any token
+(a stop string, a cancel): closing the generator trims both caches to exactly what was
+consumed, so the next call starts from a consistent state. With ``drafter=None`` (or K = 0)
+the same loop is plain target decoding: Algorithm 1 with K = 0 is ordinary sampling.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
+
+import numpy as np
+
+from .backend import LlamaModel
+from .config import SamplingParams
+from .drafters import Drafter
+from .sampling import warp
+from .verify import speculative_sampling, verify_greedy
+
+
+@dataclass
+class Step:
+    """One committed token. ``from_draft``: proposed by the drafter and accepted."""
+
+    token: int
+    from_draft: bool
+
+
+@dataclass
+class LoopStats:
+    """Counters of one :func:`decode` run (times in seconds)."""
+
+    rounds: int = 0
+    target_passes: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    emitted: int = 0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    # tested_at[i]: rounds in which draft i (0-based) was checked, i.e. drafts 0..i-1 were
+    # accepted; accepted_at[i]: rounds in which it was accepted. Their ratio is the acceptance
+    # rate at each position, given that the earlier ones were accepted.
+    tested_at: list[int] = field(default_factory=list)
+    accepted_at: list[int] = field(default_factory=list)
+
+    def record_round(self, k: int, n: int) -> None:
+        for counts, upto in ((self.tested_at, min(n + 1, k)), (self.accepted_at, n)):
+            if len(counts) < upto:
+                counts.extend([0] * (upto - len(counts)))
+            for i in range(upto):
+                counts[i] += 1
+
+
+def decode(target: LlamaModel, context: list[int], *, params: SamplingParams,
+           rng: np.random.Generator, max_new: int, drafter: Optional[Drafter] = None,
+           draft_max: int = 0, stats: Optional[LoopStats] = None) -> Iterator[Step]:
+    """Generate up to ``max_new`` tokens after ``context``.
+
+    ``context`` is the committed token list (prompt + tokens generated so far) and is extended
+    in place as tokens are committed. Preconditions: ``target.tokens == context[:-1]`` and the
+    drafter's cache holds a prefix of ``context``. Stops after an end-of-generation token
+    (which is yielded), after ``max_new`` tokens, or when the context window is full; it never
+    asks llama.cpp for more than ``n_batch``/``n_outputs_max`` rows or ``n_ctx`` positions.
+    """
+    stats = stats if stats is not None else LoopStats()
+    eog = target.vocab.eog
+    n_vocab = target.n_vocab
+    plain_greedy = params.greedy and not params.uses_penalty
+    max_rows = min(target.n_batch, target.n_outputs_max)
+    limit = len(context) + min(max_new, target.n_ctx - len(context))
+    assert target.tokens == context[:-1], "target cache must hold the context minus id_last"
+    draft_seconds0 = drafter.seconds if drafter is not None else 0.0
+    try:
+        while len(context) < limit:
+            # How many drafts fit: the verify pass commits at most K + 1 tokens.
+            K = min(draft_max, limit - len(context) - 1, max_rows - 1) if drafter else 0
+
+            # 1. Draft: up to K tokens x with the distributions q they were drawn from.
+            x, q = drafter.draft(context, K, params, rng) if K > 0 else ([], [])
+            K = len(x)
+            stats.drafted += K
+
+            # 2. Verify: one target pass over [id_last, x_1..x_K], logits on all K+1 rows.
+            t0 = time.perf_counter()
+            n_base = len(context) - 1
+            rows = target.eval([context[-1], *x], K + 1)
+
+            # 3. Accept: greedy match, or rejection sampling (Algorithm 1).
+            if plain_greedy:
+                n, t = verify_greedy(x, rows.argmax(axis=1))
+            else:
+                tail = context[-params.repeat_last_n:] if params.uses_penalty else []
+                n, t = speculative_sampling(
+                    x, q, lambda i: warp(rows[i], params, tail + x[:i]), rng, n_vocab)
+            stats.verify_seconds += time.perf_counter() - t0
+            stats.target_passes += 1
+            stats.rounds += 1
+            stats.accepted += n
+            stats.record_round(K, n)
+
+            # 4. Trim: drop the rejected drafts from both caches.
+            target.truncate(n_base + 1 + n)
+            if drafter is not None and K > 0:
+                drafter.rollback(n_base + 1 + n)
+
+            # 5. Emit, stopping exactly at an end-of-generation token.
+            for i, token in enumerate(x[:n] + [t]):
+                context.append(token)
+                stats.emitted += 1
+                yield Step(token, i < n)
+                if token in eog:
+                    return
+    finally:
+        # Whatever the consumer kept is the committed context; caches hold it minus id_last.
+        target.truncate(len(context) - 1)
+        if drafter is not None:
+            drafter.rollback(len(context) - 1)
+            stats.draft_seconds += drafter.seconds - draft_seconds0

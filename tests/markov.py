@@ -1,0 +1,42 @@
+"""A numpy Markov "language model" with the LlamaModel interface the decoding loop uses.
+
+The logits after a token depend only on that token (a bigram model), so the exact distribution
+of any generated sequence is known in closed form. Used only for statistical tests of the loop's
+pure logic; everything about llama.cpp is tested against real models.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class _Vocab:
+    def __init__(self, eog):
+        self.eog = frozenset(eog)
+
+
+class MarkovLM:
+    def __init__(self, logits: np.ndarray, eog=(), n_ctx: int = 4096):
+        self.table = np.asarray(logits, dtype=np.float32)
+        self.n_vocab = self.table.shape[1]
+        self.vocab = _Vocab(eog)
+        self.n_ctx = n_ctx
+        self.n_batch = 512
+        self.n_outputs_max = 64
+        self.tokens: list[int] = []
+        self.seconds = 0.0
+
+    def eval(self, tokens, n_logits=1):
+        assert len(self.tokens) + len(tokens) <= self.n_ctx
+        assert n_logits <= min(len(tokens), self.n_outputs_max)
+        self.tokens.extend(tokens)
+        return self.table[list(tokens[len(tokens) - n_logits:])] if n_logits else \
+            np.empty((0, self.n_vocab), np.float32)
+
+    def truncate(self, n):
+        del self.tokens[n:]
+
+
+def softmax(x, axis=-1):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)

@@ -1,0 +1,113 @@
+"""The command line, run as a user runs it: a real process, real files, real exit codes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import gguf
+
+
+def edgespec(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "edgespec", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def assert_user_error(proc, *fragments):
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in proc.stderr
+    for f in fragments:
+        assert f in lines[0]
+
+
+def test_missing_file(tmp_path):
+    assert_user_error(edgespec("run", "hi", "--target", tmp_path / "none.gguf"),
+                      "none.gguf: no such file")
+
+
+def test_not_a_gguf(tmp_path):
+    p = tmp_path / "notes.gguf"
+    p.write_text("these are my notes, not a model " * 10)
+    assert_user_error(edgespec("run", "hi", "--target", p), "not a valid GGUF model",
+                      "bad magic")
+
+
+def test_truncated_gguf(tmp_path, smollm2_q4_path):
+    p = tmp_path / "cut.gguf"
+    with open(smollm2_q4_path, "rb") as f:
+        p.write_bytes(f.read(50_000_000))
+    assert_user_error(edgespec("run", "hi", "--target", p), "not a valid GGUF model",
+                      "past the end")
+
+
+def test_mismatched_pair_names_the_tokenizer_difference(smollm2_f32_path, gemma_q4_path):
+    assert_user_error(edgespec("run", "hi", "--target", smollm2_f32_path, "--draft",
+                               gemma_q4_path), "not compatible", "tokenizer types differ",
+                      "must share the target's tokenizer")
+
+
+def test_mismatched_pair_names_the_first_differing_token(tmp_path, smollm2_f32_path,
+                                                         smollm2_q4_path):
+    patched = tmp_path / "patched-draft.gguf"
+    shutil.copy(smollm2_q4_path, patched)
+    reader = gguf.GGUFReader(str(patched), "r+")
+    field = reader.fields["tokenizer.ggml.tokens"]
+    token = field.parts[field.data[1000]]
+    original = bytes(token).decode()
+    token[0] = ord("Q") if token[0] != ord("Q") else ord("Z")   # same length, new text
+    reader.data.flush()
+    del reader
+    proc = edgespec("run", "hi", "--target", smollm2_f32_path, "--draft", patched)
+    assert_user_error(proc, "token 1000 differs", repr(original))
+
+
+def test_bad_sampling_value_is_one_line(smollm2_f32_path):
+    assert_user_error(edgespec("run", "hi", "--target", smollm2_f32_path, "--top-p", "1.5"),
+                      "top_p=1.5", "(0, 1]")
+
+
+def test_bad_flag_is_one_line():
+    assert_user_error(edgespec("run", "hi", "--no-such-flag"), "unrecognized arguments")
+
+
+def test_unknown_pair_suggests_close_matches():
+    assert_user_error(edgespec("run", "hi", "--pair", "smollm2"), "unknown pair 'smollm2'",
+                      "smollm2-135m")
+
+
+def test_run_json(smollm2_f32_path, smollm2_q4_path):
+    proc = edgespec("run", "The capital of France is", "--target", smollm2_f32_path, "--draft",
+                    smollm2_q4_path, "--raw", "--temperature", "0", "-n", "16", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert set(out) == {"text", "tokens", "finish_reason", "stats"}
+    assert len(out["tokens"]) == 16 and out["finish_reason"] == "length"
+    assert "Paris" in out["text"]
+    s = out["stats"]
+    assert s["drafted"] > 0 and 0 <= s["acceptance_rate"] <= 1
+    assert s["target_passes"] < 16 and s["tokens_per_second"] > 0
+
+
+def test_run_streams_text_and_stats(smollm2_f32_path, smollm2_q4_path):
+    proc = edgespec("run", "The capital of France is", "--target", smollm2_f32_path, "--draft",
+                    smollm2_q4_path, "--raw", "--temperature", "0", "-n", "12")
+    assert proc.returncode == 0, proc.stderr
+    assert "Paris" in proc.stdout
+    assert "tok/s" in proc.stderr and "acceptance" in proc.stderr
+
+
+def test_no_spec_and_ngram_drafter(smollm2_f32_path):
+    a = edgespec("run", "a b a b a b a b", "--target", smollm2_f32_path, "--raw",
+                 "--temperature", "0", "-n", "8", "--json", "--no-spec")
+    b = edgespec("run", "a b a b a b a b", "--target", smollm2_f32_path, "--raw",
+                 "--temperature", "0", "-n", "8", "--json", "--drafter", "ngram")
+    ja, jb = json.loads(a.stdout), json.loads(b.stdout)
+    assert ja["tokens"] == jb["tokens"]
+    assert ja["stats"]["drafted"] == 0 and jb["stats"]["drafted"] > 0

@@ -1,0 +1,182 @@
+"""Statistical losslessness: speculative sampling emits exactly the target's distribution.
+
+1. Single position (../shared/docs/reliability.md): 200 seeded (p, q) pairs over a vocabulary of
+   10, including p == q, disjoint supports and q = 0 where p > 0; 100k draws each through the
+   real verifier; the total-variation distance to p must be < 0.015. The same test must fail for
+   three broken verifiers (negative controls), which proves it has the power to notice.
+2. Several positions: the real decoding loop with K in {1, 2, 4, 8}, a Markov target and a
+   deliberately skewed Markov draft; each position's marginal and the joint of positions 1–2
+   must match the closed-form distribution of plain target sampling.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+import numpy as np
+import pytest
+
+from edgespec import verify
+from edgespec.config import SamplingParams
+from edgespec.drafters import ModelDrafter
+from edgespec.sampling import Dist, residual
+from edgespec.speculative import LoopStats, decode
+
+from markov import MarkovLM, softmax
+
+V = 10
+N_DRAWS = 100_000
+N_PAIRS = 200
+TV_LIMIT = 0.015
+
+
+def make_pair(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A (p, q) pair; every fifth kind is an edge case."""
+    rng = np.random.default_rng(seed)
+    kind = seed % 5
+    p = rng.dirichlet(np.full(V, 0.5))
+    q = rng.dirichlet(np.full(V, 0.5))
+    if kind == 1:                                   # p == q
+        q = p.copy()
+    elif kind == 2:                                 # disjoint supports
+        p[V // 2:] = 0
+        q[: V // 2] = 0
+    elif kind == 3:                                 # q = 0 where p > 0
+        q[rng.choice(V, 4, replace=False)] = 0
+    elif kind == 4:                                 # peaked p, flat q
+        p = softmax(rng.normal(0, 4, V))
+    return p / p.sum(), q / q.sum()
+
+
+def tv(counts: np.ndarray, p: np.ndarray) -> float:
+    return 0.5 * float(np.abs(counts / counts.sum() - p).sum())
+
+
+def draw(method: str, p_arr: np.ndarray, q_arr: np.ndarray, seed: int, n: int) -> np.ndarray:
+    """Emit n first tokens with the real verifier (or a broken variant) and count them."""
+    rng = np.random.default_rng(seed + 10_000)
+    p, q = Dist(None, p_arr), Dist(None, q_arr)
+    q_seen = q
+    if method == "wrong_temperature":               # x drawn from q, verified against q^(1/2)
+        q_seen = Dist(None, np.sqrt(q_arr) / np.sqrt(q_arr).sum())
+    counts = np.zeros(V, dtype=np.int64)
+    sampling = verify.speculative_sampling
+    for _ in range(n):
+        x = q.sample(rng)
+        if method == "always_accept":
+            t = x
+        else:
+            m, t = sampling([x], [q_seen], lambda i: p, rng, V)
+            if m == 1:
+                t = x
+        counts[t] += 1
+    return counts
+
+
+def _job(args):
+    method, seed, n = args
+    p, q = make_pair(seed)
+    if method == "resample_from_p":                 # the residual replaced by p itself
+        verify.residual = lambda p_, q_, n_vocab: p_
+    counts = draw(method, p, q, seed, n)
+    verify.residual = residual
+    return seed, tv(counts, p), int(counts.sum())
+
+
+def run_method(method: str, seeds, n: int):
+    with mp.get_context("fork").Pool(2) as pool:
+        return pool.map(_job, [(method, s, n) for s in seeds])
+
+
+@pytest.mark.slow
+def test_single_position_verifier_is_lossless():
+    results = run_method("real", range(N_PAIRS), N_DRAWS)
+    worst = max(results, key=lambda r: r[1])
+    assert all(r[2] == N_DRAWS for r in results)
+    assert worst[1] < TV_LIMIT, f"pair {worst[0]}: TV {worst[1]:.4f} >= {TV_LIMIT}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method,at_least", [("always_accept", 0.24),
+                                              ("resample_from_p", 0.08),
+                                              ("wrong_temperature", 0.02)])
+def test_negative_controls_fail_the_same_test(method, at_least):
+    results = run_method(method, range(40), N_DRAWS)
+    worst = max(r[1] for r in results)
+    assert worst >= TV_LIMIT, f"{method} passed the losslessness test: it has no power"
+    assert worst >= at_least, f"{method}: worst TV only {worst:.3f}"
+
+
+# --- several positions through the real loop ------------------------------------------------
+
+VM = 6
+N_RUNS = 20_000
+N_NEW = 10
+
+
+def markov_pair(seed=3):
+    rng = np.random.default_rng(seed)
+    target = rng.normal(0, 1.5, (VM, VM))
+    # Skewed draft: prefers token 0 everywhere and flattens the rest.
+    draft = 0.3 * target + np.where(np.arange(VM) == 0, 2.0, 0.0)
+    return target, draft
+
+
+def exact_marginals(target_logits, start: int, n: int):
+    P = softmax(target_logits.astype(np.float64))
+    dist = np.eye(VM)[start]
+    out = []
+    for _ in range(n):
+        dist = dist @ P
+        out.append(dist)
+    joint12 = (np.eye(VM)[start] @ P)[:, None] * P
+    return out, joint12
+
+
+def run_loop(K: int, seed: int, broken: str | None = None):
+    target_logits, draft_logits = markov_pair()
+    target, draft = MarkovLM(target_logits), MarkovLM(draft_logits)
+    drafter = ModelDrafter(draft, frozenset(), p_min=0.0)
+    params = SamplingParams.neutral(1.0)
+    rng = np.random.default_rng(seed)
+    seqs = np.zeros((N_RUNS, N_NEW), dtype=np.int64)
+    stats = LoopStats()
+    for r in range(N_RUNS):
+        context = [1, 2]
+        target.truncate(0)
+        target.eval(context[:-1], 0)
+        drafter.rollback(0)
+        out = [s.token for s in decode(target, context, params=params, rng=rng, max_new=N_NEW,
+                                       drafter=drafter, draft_max=K, stats=stats)]
+        seqs[r] = out
+    return seqs, stats
+
+
+def noise_bound(p: np.ndarray, n: int) -> float:
+    """3× the expected TV of an n-sample empirical distribution around p."""
+    return 3 * 0.5 * float(np.sqrt(2 * p * (1 - p) / (np.pi * n)).sum())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("K", [1, 2, 4, 8])
+def test_multi_position_loop_matches_plain_sampling(K):
+    seqs, stats = run_loop(K, seed=100 + K)
+    marginals, joint12 = exact_marginals(markov_pair()[0], start=2, n=N_NEW)
+    assert stats.drafted > 0 and 0 < stats.accepted < stats.drafted  # rejections did happen
+    for j in range(N_NEW):
+        counts = np.bincount(seqs[:, j], minlength=VM)
+        assert tv(counts, marginals[j]) < noise_bound(marginals[j], N_RUNS), f"position {j + 1}"
+    pair_counts = np.bincount(seqs[:, 0] * VM + seqs[:, 1], minlength=VM * VM)
+    assert tv(pair_counts, joint12.ravel()) < noise_bound(joint12.ravel(), N_RUNS)
+
+
+@pytest.mark.slow
+def test_multi_position_negative_control_fails(monkeypatch):
+    """Accepting every draft token emits the skewed draft's distribution: the test sees it."""
+    import edgespec.speculative as spec
+    monkeypatch.setattr(spec, "speculative_sampling",
+                        lambda x, q, p, rng, n_vocab: (len(x), p(len(x)).sample(rng)))
+    seqs, _ = run_loop(4, seed=7)
+    marginals, _ = exact_marginals(markov_pair()[0], start=2, n=N_NEW)
+    counts = np.bincount(seqs[:, 1], minlength=VM)
+    assert tv(counts, marginals[1]) > 3 * noise_bound(marginals[1], N_RUNS)
