@@ -386,8 +386,47 @@ VOCAB_SIZE_TOLERANCE = 128
 VOCAB_CHECK_START = 5
 
 
-def check_compatible(target: LlamaModel, draft: LlamaModel) -> None:
-    """Raise :class:`IncompatiblePairError` naming the first difference between vocabularies."""
+class VocabOnly:
+    """A GGUF's tokenizer, loaded without weights or a context (llama.cpp ``vocab_only``)."""
+
+    def __init__(self, path: str | os.PathLike):
+        _ensure_init(False)
+        self.path = Path(path).expanduser()
+        self.info = read_gguf(self.path)
+        check_causal_lm(self.info)
+        params = C.llama_model_default_params()
+        params.vocab_only = True
+        self._model = C.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self._model:
+            raise ModelLoadError(self.path, "llama.cpp could not read this model's tokenizer")
+        self._vocab_p = C.llama_model_get_vocab(self._model)
+        self.vocab = LlamaModel._read_vocab(self)
+
+    token_text = LlamaModel.token_text
+
+    def close(self) -> None:
+        if self._model:
+            C.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> "VocabOnly":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def check_compatible_files(target: str | os.PathLike, draft: str | os.PathLike) -> None:
+    """The pair check on two files, reading only their tokenizers (fast, little memory)."""
+    with VocabOnly(target) as t, VocabOnly(draft) as d:
+        check_compatible(t, d)
+
+
+def check_compatible(target, draft) -> None:
+    """Raise :class:`IncompatiblePairError` naming the first difference between vocabularies.
+
+    ``target``/``draft`` are :class:`LlamaModel` or :class:`VocabOnly` objects.
+    """
     t, d = target.vocab, draft.vocab
     if t.vocab_type != d.vocab_type:
         raise IncompatiblePairError(f"tokenizer types differ (target {t.type_name}, draft "

@@ -202,20 +202,34 @@ def cmd_pairs(args) -> int:
 # entry point
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
-    ap = _Parser(prog="edgespec",
-                 description="Lossless speculative decoding for local GGUF models.")
-    ap.add_argument("--version", action="version", version=f"edgespec {__version__}")
-    sub = ap.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")
-    build_run_parser(sub)
+def build_models_parsers(sub) -> None:
     p = sub.add_parser("pull", help="fetch a registry pair or model")
     p.add_argument("names", nargs="+", metavar="NAME")
     p.set_defaults(func=cmd_pull)
     p = sub.add_parser("pairs", help="list the registry's pairs and whether they are local")
     p.set_defaults(func=cmd_pairs)
-    from .bench import build_bench_parser
-    build_bench_parser(sub)
+
+
+# Each subcommand family registers its own parsers: (module, function taking the subparsers).
+# Modules are imported only when the parser is built; a shell's heavy imports (prompt_toolkit,
+# the HTTP stack) stay inside its command function.
+COMMANDS = [
+    ("edgespec.cli", "build_run_parser"),
+    ("edgespec.cli", "build_models_parsers"),
+    ("edgespec.bench", "build_bench_parser"),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
+    from . import __version__
+    ap = _Parser(prog="edgespec",
+                 description="Lossless speculative decoding for local GGUF models.")
+    ap.add_argument("--version", action="version", version=f"edgespec {__version__}")
+    sub = ap.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")
+    for module, func in COMMANDS:
+        getattr(importlib.import_module(module), func)(sub)
     return ap
 
 
