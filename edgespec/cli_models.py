@@ -1,0 +1,192 @@
+"""``edgespec pairs | pull | rm | pair derive``: the registry and the model files on this machine.
+
+A shell over ``pairs.py`` (and, through it, ``hub.py``): parse, call, print. Results go to
+stdout (one ``name: path`` line per model), progress and notes to stderr.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+from .errors import EdgespecError
+
+
+def _status(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _is_hub_spec(name: str) -> bool:
+    return name.count("/") >= 2
+
+
+def _size(n: Optional[float], approx: bool = False) -> str:
+    from .downloads import human_size
+    if n is None:
+        return "?"
+    return ("~" if approx else "") + human_size(n)
+
+
+# ---------------------------------------------------------------------------------------------
+# edgespec pairs
+
+
+def _model_row(entry) -> tuple[str, str, str]:
+    """(state, size, where) of one registry model, without touching the network."""
+    from . import pairs
+    if pairs.is_present(entry.name):
+        p = pairs.model_path(entry.name)
+        return "downloaded", _size(p.stat().st_size), str(p)
+    approx = entry.size or (entry.approx_gb * 1e9 if entry.approx_gb else None)
+    state = "missing"
+    if entry.kind == "hub" and pairs.model_path(entry.name).is_file():
+        state = "cached, unverified"
+    return state, _size(approx, approx=not entry.size), entry.origin
+
+
+def cmd_pairs(args) -> int:
+    from .pairs import registry
+    reg = registry()
+    for p in reg.pairs.values():
+        rows = {role: _model_row(reg.models[m]) for role, m in
+                (("target", p.target), ("draft", p.draft))}
+        states = {r[0] for r in rows.values()}
+        state = ("downloaded" if states == {"downloaded"} else
+                 "not downloaded" if states == {"missing"} else "partly downloaded")
+        print(f"{p.name:20} {state:18} {p.description}")
+        for role, m in (("target", p.target), ("draft", p.draft)):
+            st, size, where = rows[role]
+            print(f"    {role:6} {m:34} {size:>9}  {st:10}  {where}")
+        if args.verbose:
+            print(f"    why: {p.why}")
+    print("\n`edgespec pull NAME` downloads a pair; `edgespec rm NAME` frees its space; "
+          "`-v` says why each draft suits its target.", file=sys.stderr)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# edgespec pull
+
+
+def cmd_pull(args) -> int:
+    from . import pairs
+    show = sys.stderr.isatty()
+    for name in args.names:
+        if _is_hub_spec(name):
+            from .hub import HubFile, download, stop_log_propagation
+            stop_log_propagation()
+            path = download(HubFile.parse(name, args.revision), require_commit=args.pinned,
+                            show_progress=show, log=_status)
+            print(f"{name}: {path}")
+            continue
+        if args.revision:
+            raise EdgespecError(f"--revision applies to REPO_ID/FILENAME, not to the registry "
+                                f"name '{name}' (its revision is pinned in pairs.toml)")
+        reg = pairs.registry()
+        models = reg.models_of(name)
+        if any(m.kind == "hub" for m in models):
+            from .hub import stop_log_propagation
+            stop_log_propagation()
+        if name in reg.pairs and not args.no_check:
+            target, draft = pairs.pull_pair(name, show_progress=show, log=_status,
+                                            require_commit=args.pinned)
+            print(f"{models[0].name}: {target}")
+            print(f"{models[1].name}: {draft}")
+            _status(f"pair check passed: {models[1].name} shares {models[0].name}'s tokenizer; "
+                    f"run `edgespec chat --pair {name}`")
+            continue
+        for m in models:
+            path = pairs.ensure_model(m.name, show_progress=show, log=_status,
+                                      require_commit=args.pinned)
+            print(f"{m.name}: {path}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# edgespec rm
+
+
+def cmd_rm(args) -> int:
+    from .downloads import human_size
+    from . import pairs
+    for name in args.names:
+        if _is_hub_spec(name):
+            from .hub import HubFile, remove
+            freed = remove(HubFile.parse(name))
+            _status(f"{name}: " + (f"removed, {human_size(freed)} freed" if freed
+                                  else "not downloaded"))
+            continue
+        reg = pairs.registry()
+        for m in reg.models_of(name):
+            freed = pairs.remove_model(m.name)
+            others = [p for p in reg.pairs_using(m.name) if p != name]
+            note = f" (also used by {', '.join(others)})" if freed and others else ""
+            _status(f"{m.name}: " + (f"removed, {human_size(freed)} freed{note}" if freed
+                                    else "not downloaded"))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# edgespec pair derive
+
+
+def cmd_pair_derive(args) -> int:
+    from .downloads import human_size
+    from .pairs import derive_draft
+    target = Path(args.target)
+    draft = derive_draft(target, args.quant, args.out, force=args.force, log=_status)
+    ratio = draft.stat().st_size / target.stat().st_size
+    print(f"draft: {draft}")
+    _status(f"pair check passed: {draft.name} ({human_size(draft.stat().st_size)}, "
+            f"{ratio:.0%} of the target's size) shares the target's tokenizer")
+    if ratio > 0.6:
+        _status("note: the draft is not much smaller than the target, so drafting costs nearly "
+                "as much as verifying; pick a lower --quant (e.g. Q2_K) for a real speed-up")
+    _status(f"run: edgespec chat --target {target} --draft {draft}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# registration
+
+
+def build_models_parsers(sub) -> None:
+    """Register ``pairs``, ``pull``, ``rm`` and ``pair derive`` on ``sub`` (argparse
+    subparsers)."""
+    p = sub.add_parser("pairs", help="list the registry's pairs: size, downloaded or not, where")
+    p.add_argument("-v", "--verbose", action="store_true", help="say why each draft suits")
+    p.set_defaults(func=cmd_pairs)
+
+    p = sub.add_parser("pull", help="download a registry pair or model, or any hub GGUF",
+                       description="Download registry pairs/models (the pair check runs after a "
+                       "pair), or any single GGUF as REPO_ID/FILENAME, into the Hugging Face "
+                       "cache. Every file's sha256 is verified.")
+    p.add_argument("names", nargs="+", metavar="NAME|REPO_ID/FILENAME")
+    p.add_argument("--revision", metavar="REV",
+                   help="branch, tag or commit of a REPO_ID/FILENAME (default main)")
+    p.add_argument("--pinned", action="store_true",
+                   help="refuse any revision that is not a 40-hex commit id")
+    p.add_argument("--no-check", action="store_true",
+                   help="skip the tokenizer compatibility check after a pair")
+    p.set_defaults(func=cmd_pull)
+
+    p = sub.add_parser("rm", help="delete a pair's or model's files to free disk space")
+    p.add_argument("names", nargs="+", metavar="NAME|REPO_ID/FILENAME")
+    p.set_defaults(func=cmd_rm)
+
+    p = sub.add_parser("pair", help="build pairs from your own models")
+    pair_sub = p.add_subparsers(dest="pair_command", metavar="COMMAND", required=True,
+                                parser_class=type(p))
+    d = pair_sub.add_parser(
+        "derive", help="make a self-speculative draft of a model with llama.cpp's quantizer",
+        description="Re-quantise TARGET.gguf to a low-bit draft of the same weights. The draft "
+        "shares the target's tokenizer and agrees with it on most tokens; it pays most with an "
+        "F16/F32 target, whose verification passes are memory-bound.")
+    d.add_argument("target", metavar="TARGET.gguf")
+    d.add_argument("--quant", default="Q4_K_M", metavar="TYPE",
+                   help="draft precision: Q4_K_M (default), Q4_0, Q3_K_M, Q2_K, Q8_0, …")
+    d.add_argument("--out", "-o", metavar="PATH",
+                   help="where to write the draft (default: the edgespec models folder)")
+    d.add_argument("--force", action="store_true", help="overwrite an existing draft")
+    d.set_defaults(func=cmd_pair_derive)

@@ -1,0 +1,205 @@
+"""`edgespec pull | pairs | rm | pair derive` run as a user runs them: real processes, the real
+hub client talking HTTP to a local hub (tests/hubserver.py), real GGUF files, real exit codes.
+
+The registry is replaced (EDGESPEC_REGISTRY) by one whose hub models are the SmolLM2 and Gemma
+files that scripts/fetch_models.py provides, published on the local hub.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hubserver import FakeHub
+
+REPO = "edgespec-test/SmolLM2-135M-Instruct-GGUF"
+GEMMA_REPO = "edgespec-test/gemma-3-270m-GGUF"
+ROOT = Path(__file__).resolve().parent.parent
+
+REGISTRY = f"""
+[models.hub-smollm2-q4_1]
+approx_gb = 0.1
+license = "Apache-2.0"
+[models.hub-smollm2-q4_1.source]
+kind = "hub"
+repo = "{REPO}"
+filename = "SmolLM2-135M-Instruct.Q4_1.gguf"
+revision = "main"
+
+[models.hub-smollm2-q2_k]
+approx_gb = 0.09
+license = "Apache-2.0"
+[models.hub-smollm2-q2_k.source]
+kind = "hub"
+repo = "{REPO}"
+filename = "SmolLM2-135M-Instruct.Q2_K.gguf"
+revision = "main"
+
+[models.hub-gemma-q4_k_m]
+approx_gb = 0.25
+license = "Gemma"
+[models.hub-gemma-q4_k_m.source]
+kind = "hub"
+repo = "{GEMMA_REPO}"
+filename = "gemma-3-270m.Q4_K_M.gguf"
+revision = "main"
+
+[pairs.tiny]
+target = "hub-smollm2-q4_1"
+draft = "hub-smollm2-q2_k"
+description = "SmolLM2-135M Q4_1 drafted by its own Q2_K weights, from the local hub"
+why = "self-speculative test pair"
+
+[pairs.mismatched]
+target = "hub-smollm2-q4_1"
+draft = "hub-gemma-q4_k_m"
+description = "two different tokenizers"
+why = "must be refused by the pair check"
+"""
+
+
+@pytest.fixture
+def site(tmp_path, smollm2_q4_path, smollm2_q2k_path):
+    """(hub server, environment for edgespec processes)."""
+    with FakeHub(tmp_path / "server") as server:
+        server.add_file(REPO, "SmolLM2-135M-Instruct.Q4_1.gguf", smollm2_q4_path)
+        server.add_file(REPO, "SmolLM2-135M-Instruct.Q2_K.gguf", smollm2_q2k_path)
+        server.add_file(REPO, "notes.bin", b"a small synthetic file " * 100)
+        registry = tmp_path / "pairs.toml"
+        registry.write_text(REGISTRY)
+        env = server.env(tmp_path / "hf", EDGESPEC_MODELS=str(tmp_path / "models"),
+                         EDGESPEC_REGISTRY=str(registry))
+        yield server, env
+
+
+def edgespec(env, *args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "edgespec", *map(str, args)], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def assert_user_error(proc, *fragments):
+    """Exit 1, no traceback, and the error is one line: the last one on stderr (progress
+    notes such as "downloading …" may come before it)."""
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    errors = [ln for ln in lines if ln.startswith("error: ")]
+    assert errors == lines[-1:], proc.stderr
+    assert "Traceback" not in proc.stderr
+    for f in fragments:
+        assert f in lines[-1], lines[-1]
+
+
+def test_pull_a_pair_verifies_checks_and_then_resolves_offline(site, tmp_path, smollm2_q4_path):
+    server, env = site
+    assert "not downloaded" in edgespec(env, "pairs").stdout
+
+    proc = edgespec(env, "pull", "tiny")
+    assert proc.returncode == 0, proc.stderr
+    paths = dict(line.split(": ", 1) for line in proc.stdout.strip().splitlines())
+    q4 = Path(paths["hub-smollm2-q4_1"])
+    assert q4.is_relative_to(tmp_path / "hf" / "hub")
+    assert hashlib.sha256(q4.read_bytes()).hexdigest() == \
+        hashlib.sha256(smollm2_q4_path.read_bytes()).hexdigest()
+    assert "pair check passed" in proc.stderr
+    assert "tiny                 downloaded" in edgespec(env, "pairs").stdout
+
+    # Offline: the cached pair is found and runs, and not one request reaches the hub.
+    before = server.count()
+    offline = {**env, "HF_HUB_OFFLINE": "1"}
+    again = edgespec(offline, "pull", "tiny")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == proc.stdout
+    # what `edgespec run/chat --pair tiny` and Engine.load(pair="tiny") resolve the pair with
+    code = "from edgespec.pairs import resolve_pair; print(*resolve_pair('tiny'), sep='\\n')"
+    resolved = subprocess.run([sys.executable, "-c", code], env=offline, capture_output=True,
+                              text=True)
+    assert resolved.returncode == 0, resolved.stderr
+    assert resolved.stdout.split() == [paths["hub-smollm2-q4_1"], paths["hub-smollm2-q2_k"]]
+    assert server.count() == before
+
+    # rm frees the space; the pair is no longer listed as downloaded.
+    rm = edgespec(env, "rm", "tiny")
+    assert rm.returncode == 0, rm.stderr
+    assert "hub-smollm2-q4_1: removed, 98.4 MB freed" in rm.stderr
+    assert not q4.exists()
+    assert "tiny                 not downloaded" in edgespec(env, "pairs").stdout
+
+
+def test_a_pair_with_different_tokenizers_is_refused_after_pull(site, gemma_q4_path):
+    server, env = site
+    server.add_file(GEMMA_REPO, "gemma-3-270m.Q4_K_M.gguf", gemma_q4_path)
+    assert_user_error(edgespec(env, "pull", "mismatched"), "not compatible",
+                      "tokenizer types differ")
+
+
+def test_offline_and_not_cached_names_the_command_that_downloads_it(site):
+    server, env = site
+    offline = {**env, "HF_HUB_OFFLINE": "1"}
+    assert_user_error(edgespec(offline, "pull", "tiny"), "HF_HUB_OFFLINE=1",
+                      "run `edgespec pull hub-smollm2-q4_1`")
+    assert_user_error(edgespec(offline, "run", "hi", "--pair", "tiny"),
+                      "pair 'tiny' is not downloaded", "run `edgespec pull tiny`",
+                      "HF_HUB_OFFLINE=1")
+    assert_user_error(edgespec(offline, "pull", f"{REPO}/notes.bin"),
+                      f"run `edgespec pull {REPO}/notes.bin`")
+    assert server.count() == 0
+
+
+def test_pull_any_single_file_by_repo_and_name(site, tmp_path):
+    server, env = site
+    proc = edgespec(env, "pull", f"{REPO}/notes.bin")
+    assert proc.returncode == 0, proc.stderr
+    path = Path(proc.stdout.strip().split(": ", 1)[1])
+    assert path.read_bytes() == b"a small synthetic file " * 100
+
+    commit = server.repos[REPO].commit
+    pinned = edgespec(env, "pull", f"{REPO}/notes.bin", "--revision", commit, "--pinned")
+    assert pinned.returncode == 0, pinned.stderr
+    script = subprocess.run([sys.executable, str(ROOT / "scripts" / "download_models.py"),
+                             f"{REPO}/notes.bin"], env=env, capture_output=True, text=True)
+    assert script.returncode == 0 and script.stdout == proc.stdout, script.stderr
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["pull", "nobody/nothing-GGUF/x.gguf"], ["repository nobody/nothing-GGUF not found"]),
+    (["pull", f"{REPO}/missing.gguf"], ["has no file 'missing.gguf'"]),
+    (["pull", f"{REPO}/notes.bin", "--revision", "v9"], ["revision 'v9' not found"]),
+    (["pull", f"{REPO}/notes.bin", "--pinned"], ["not a commit id"]),
+    (["pull", f"{REPO}/../../etc/passwd"], ["refusing file name"]),
+    (["pull", "tiny", "--revision", "abc"], ["--revision applies to REPO_ID/FILENAME"]),
+    (["pull", "tinny"], ["unknown pair or model 'tinny'", "did you mean tiny"]),
+    (["rm", "tinny"], ["did you mean tiny"]),
+    (["pair"], ["required"]),
+])
+def test_user_errors_are_one_line(site, args, fragments):
+    assert_user_error(edgespec(site[1], *args), *fragments)
+
+
+def test_tampered_download_fails_with_both_hashes(site):
+    server, env = site
+    good = server.repos[REPO].files["notes.bin"].sha256
+    bad_path = server.tamper(REPO, "notes.bin")
+    bad = hashlib.sha256(bad_path.read_bytes()).hexdigest()
+    assert_user_error(edgespec(env, "pull", f"{REPO}/notes.bin"), "sha256 mismatch", good, bad,
+                      "deleted")
+
+
+def test_pair_derive_builds_a_checked_self_speculative_draft(tmp_path, smollm2_q4_path):
+    env = {**os.environ, "EDGESPEC_MODELS": str(tmp_path / "models")}
+    out = tmp_path / "draft.gguf"
+    proc = edgespec(env, "pair", "derive", smollm2_q4_path, "--quant", "Q2_K", "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    assert out.is_file() and proc.stdout.strip() == f"draft: {out}"
+    assert "pair check passed" in proc.stderr
+    assert f"edgespec chat --target {smollm2_q4_path} --draft {out}" in proc.stderr
+
+    assert_user_error(edgespec(env, "pair", "derive", smollm2_q4_path, "--quant", "Q2_K",
+                               "--out", out), "already exists", "--force")
+    assert_user_error(edgespec(env, "pair", "derive", smollm2_q4_path, "--quant", "Q9"),
+                      "unknown quantisation 'Q9'", "Q4_K_M")
+    assert_user_error(edgespec(env, "pair", "derive", tmp_path / "none.gguf"), "no such file")

@@ -1,0 +1,121 @@
+"""The pair registry: the packaged models/pairs.toml is complete and safe, malformed entries are
+refused naming the entry, and unknown names suggest close matches."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from edgespec import pairs
+from edgespec.downloads import DownloadError, check_hub_spec
+from edgespec.errors import ModelNotFoundError
+from edgespec.pairs import RegistryError, parse_registry
+
+REG = parse_registry(pairs.registry_text())
+HUB = [m for m in REG.models.values() if m.kind == "hub"]
+
+
+def test_every_model_has_its_required_fields():
+    for m in REG.models.values():
+        assert m.license, m.name
+        assert m.size or m.approx_gb, m.name
+        assert m.file.endswith(".gguf") and "/" not in m.file, m.name
+        if m.sha256:
+            assert re.fullmatch(r"[0-9a-f]{64}", m.sha256), m.name
+
+
+def test_hub_models_name_a_safe_repo_file_and_a_commit_or_main():
+    assert len(HUB) >= 10
+    for m in HUB:
+        src = m.source
+        check_hub_spec(src["repo"], src["filename"], src["revision"])
+        assert src["filename"].endswith(".gguf"), m.name
+        # pinned to a commit, or "main" (a comment in pairs.toml says the commit was not
+        # confirmed); never a made-up branch or tag
+        assert re.fullmatch(r"[0-9a-f]{40}", src["revision"]) or src["revision"] == "main"
+
+
+def test_every_pair_says_why_and_stays_within_a_family():
+    families = ("smollm2", "qwen2.5-coder", "qwen2.5", "qwen3", "llama", "gemma")
+    for p in REG.pairs.values():
+        assert len(p.why) > 40 and p.description, p.name
+        fam = next(f for f in families if p.target.startswith(f))
+        assert p.draft.startswith(fam), (p.name, "draft from another family")
+
+
+def test_the_registry_covers_the_families_people_run():
+    names = " ".join(REG.pairs)
+    for family in ("smollm2", "qwen2.5", "qwen3", "llama3", "gemma3"):
+        assert family in names
+    assert pairs.DEFAULT_PAIR in REG.pairs
+    default = REG.pairs[pairs.DEFAULT_PAIR]
+    assert {REG.models[default.target].kind, REG.models[default.draft].kind} <= \
+        {"pypi-wheel", "derived"}, "the default pair must work without the hub"
+
+
+def test_unknown_names_list_close_matches():
+    with pytest.raises(ModelNotFoundError) as e:
+        REG.pair("qwen3-8")
+    assert "did you mean qwen3-8b" in str(e.value) and "`edgespec pairs`" in str(e.value)
+    with pytest.raises(ModelNotFoundError, match="did you mean"):
+        REG.models_of("gemma3-12")
+    with pytest.raises(ModelNotFoundError) as e:
+        REG.model("zzzz")
+    assert "did you mean" not in str(e.value)
+
+
+GOOD_MODEL = '''
+[models.m]
+approx_gb = 1.0
+license = "Apache-2.0"
+source = { kind = "hub", repo = "org/repo-GGUF", filename = "m.gguf", revision = "main" }
+'''
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[models.m]\nlicense='x'\napprox_gb=1\nsource={kind='ftp'}", "needs source.kind"),
+    (GOOD_MODEL.replace('license = "Apache-2.0"\n', ""), "needs a 'license'"),
+    (GOOD_MODEL.replace('approx_gb = 1.0\n', ""), "needs 'size' (exact bytes) or 'approx_gb'"),
+    (GOOD_MODEL.replace(', revision = "main"', ""), "a hub source needs 'revision'"),
+    (GOOD_MODEL.replace('"m.gguf"', '"../../m.gguf"'), "refusing file name"),
+    (GOOD_MODEL.replace('"m.gguf"', '"/etc/m.gguf"'), "refusing file name"),
+    (GOOD_MODEL.replace('"org/repo-GGUF"', '"just-a-name"'), "not a hub repository id"),
+    (GOOD_MODEL.replace('"main"', '"../../x"'), "refusing revision"),
+    (GOOD_MODEL + 'sha256 = "abc"\n', "sha256 must be 64"),
+    (GOOD_MODEL + "[pairs.p]\ntarget='m'\ndraft='nope'\ndescription='d'\nwhy='w'",
+     "draft 'nope' is not a model"),
+    (GOOD_MODEL + "[pairs.p]\ntarget='m'\ndraft='m'\ndescription='d'", "needs a 'why'"),
+    ("[models.m\n", "not valid TOML"),
+])
+def test_malformed_entries_are_refused_naming_the_entry(text, message):
+    with pytest.raises(RegistryError, match=re.escape(message)):
+        parse_registry(text)
+
+
+def test_a_registry_file_can_replace_the_packaged_one(tmp_path, monkeypatch):
+    path = tmp_path / "mine.toml"
+    path.write_text(GOOD_MODEL + "[pairs.p]\ntarget='m'\ndraft='m'\ndescription='d'\nwhy='w'")
+    monkeypatch.setenv("EDGESPEC_REGISTRY", str(path))
+    assert list(pairs.registry().pairs) == ["p"]
+    monkeypatch.setenv("EDGESPEC_REGISTRY", str(tmp_path / "missing.toml"))
+    with pytest.raises(RegistryError, match="EDGESPEC_REGISTRY"):
+        pairs.registry()
+    monkeypatch.delenv("EDGESPEC_REGISTRY")
+    assert pairs.DEFAULT_PAIR in pairs.registry().pairs
+
+
+def test_hub_spec_check_is_shared_with_downloads():
+    with pytest.raises(DownloadError):
+        check_hub_spec("org/repo", "a/../b.gguf", "main")
+
+
+def test_local_models_never_load_the_hub_client():
+    code = ("import sys; from edgespec import pairs; pairs.registry(); "
+            "pairs.is_present('smollm2-135m-instruct-q4_1'); pairs.model_path('gemma-3-270m-f32'); "
+            "print('huggingface_hub' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
