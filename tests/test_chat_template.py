@@ -69,3 +69,14 @@ def test_invalid_messages(bad, param):
     with pytest.raises(InvalidParameterError) as e:
         validate_messages(bad)
     assert e.value.name == param
+
+
+def test_oversized_conversation_is_a_user_error_and_keeps_the_template(smollm2_q4_path):
+    from edgespec.chat import PromptTooLargeError
+    from edgespec.errors import EdgespecError
+    t = ChatTemplate(read_gguf(smollm2_q4_path).chat_template)
+    with pytest.raises(PromptTooLargeError) as e:
+        t.render([{"role": "user", "content": "x" * 5_000_000}])
+    assert isinstance(e.value, EdgespecError)
+    assert not t.is_fallback
+    assert t.render(MSGS).startswith("<|im_start|>system")

@@ -1,0 +1,218 @@
+"""One chat with an Engine: settings, turns, interruption and statistics, with no terminal code.
+
+The terminal loop and the pipe loop both drive a :class:`ChatSession`; the conversation itself
+is a :class:`~edgespec.chat.Conversation`. The engine reuses both models' KV caches whenever
+the next prompt extends the previous one, which a chat turn does, so each turn evaluates only
+its new tokens — unless the oldest turns had to be dropped to make room.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Optional
+
+from ..chat import Conversation
+from ..config import SamplingParams
+from ..errors import EdgespecError, InvalidParameterError
+
+if TYPE_CHECKING:  # the engine (numpy, llama.cpp) loads only when a chat starts
+    from ..engine import Engine, Generation
+
+DEFAULT_MAX_TOKENS = 1024
+SAMPLING_SETTINGS = ("temperature", "top_k", "top_p", "min_p")
+SETTINGS = SAMPLING_SETTINGS + ("max_tokens", "draft_max")
+
+# Plain decoding speed is measured once on this text, to estimate the speedup of answers.
+_REFERENCE_PROMPT = "Once upon a time, in a small village by the sea,"
+_REFERENCE_TOKENS = 16
+
+
+class ChatError(EdgespecError):
+    """A chat command that cannot be carried out (the message says what is valid)."""
+
+
+@dataclass
+class Turn:
+    """What one answer did."""
+
+    generation: "Generation"
+    interrupted: bool
+    dropped: int                  # oldest turns dropped to make room for this one
+
+    @property
+    def context_used(self) -> int:
+        s = self.generation.stats
+        return s.prompt_tokens + s.completion_tokens
+
+
+@dataclass
+class Totals:
+    """Sums over every answer of the session."""
+
+    answers: int = 0
+    tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    interrupted: int = 0
+
+    def add(self, turn: Turn) -> None:
+        s = turn.generation.stats
+        self.answers += 1
+        self.tokens += s.completion_tokens
+        self.drafted += s.drafted
+        self.accepted += s.accepted
+        self.interrupted += turn.interrupted
+
+
+def _number(text: str):
+    """``text`` as an int, else a float, else unchanged (so validation names the bad value)."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+class ChatSession:
+    """A conversation with ``engine`` and the settings its answers use."""
+
+    def __init__(self, engine: "Engine", *, label: str, sampling: Optional[SamplingParams] = None,
+                 max_tokens: int = DEFAULT_MAX_TOKENS, system: Optional[str] = None):
+        info = engine.info()
+        self.engine = engine
+        self.label = label
+        self.backend: str = info["backend"]
+        self.can_speculate = info["drafter"] != "none"
+        self.speculative = self.can_speculate
+        self._auto_draft_max = engine.spec.draft_max is None
+        self.sampling = sampling if sampling is not None else SamplingParams()
+        self.max_tokens = max_tokens
+        self.conversation = Conversation(system)
+        self.last: Optional[Turn] = None
+        self.totals = Totals()
+        self.plain_tokens_per_second: Optional[float] = None
+        self._interrupted = False
+
+    # -- answering ------------------------------------------------------------------------
+
+    def ask(self, text: str, on_piece: Callable[[str, bool], None],
+            on_drop: Callable[[int], None] = lambda n: None) -> Turn:
+        """Answer ``text``, streaming ``on_piece(text, from_draft)``; record the turn.
+
+        Makes room first (``on_drop(n)`` is told how many old turns went). An interrupted
+        answer is kept, marked. If the engine fails, the turn is not recorded.
+        """
+        self._interrupted = False
+        n_ctx = self.engine.n_ctx
+        reserve = min(self.max_tokens, n_ctx // 4)   # room the answer should have
+        dropped = self.conversation.make_room(text, self._count, n_ctx - reserve, n_ctx)
+        if dropped:
+            on_drop(dropped)
+        stream = self.engine.stream(self.conversation.for_model(text),
+                                    max_tokens=self.max_tokens, sampling=self.sampling,
+                                    speculative=self.speculative)
+        try:
+            # A Ctrl-C that came before the engine started listening is honoured here.
+            for event in (stream if not self._interrupted else ()):
+                if event.text:
+                    on_piece(event.text, event.from_draft)
+                if self._interrupted:
+                    break
+        finally:
+            stream.close()
+        if stream.result is None:  # interrupted before the engine started
+            from ..engine import Generation
+            stream.result = Generation("", [], "cancelled")
+        generation = stream.result
+        interrupted = self._interrupted or generation.finish_reason == "cancelled"
+        self.conversation.add_turn(text, generation.text, interrupted)
+        turn = Turn(generation, interrupted, dropped)
+        self._record(turn)
+        return turn
+
+    def interrupt(self) -> None:
+        """Stop the answer in progress within one step. Safe to call from a signal handler:
+        the engine is told from another thread, so a lock the interrupted code holds cannot
+        deadlock it."""
+        self._interrupted = True
+        threading.Thread(target=self.engine.cancel, daemon=True).start()
+
+    def _count(self, messages: list[dict]) -> int:
+        return len(self.engine.prompt_tokens(messages))
+
+    def _record(self, turn: Turn) -> None:
+        self.last = turn
+        self.totals.add(turn)
+        s = turn.generation.stats
+        if not s.speculative and s.completion_tokens >= 8:
+            self.plain_tokens_per_second = s.tokens_per_second
+
+    # -- speed ----------------------------------------------------------------------------
+
+    def measure_plain_speed(self) -> None:
+        """Time a short plain decode, the reference for :meth:`speedup` (skipped when there
+        is nothing to compare: no drafter)."""
+        if not self.can_speculate:
+            return
+        g = self.engine.generate(_REFERENCE_PROMPT, raw=True, max_tokens=_REFERENCE_TOKENS,
+                                 sampling=self.sampling, speculative=False)
+        if g.stats.completion_tokens >= 4:
+            self.plain_tokens_per_second = g.stats.tokens_per_second
+
+    def speedup(self, turn: Turn) -> Optional[float]:
+        """Estimated speedup of a speculative answer: its decoding speed over plain decoding
+        speed (measured at start-up, or on the last answer given with speculation off)."""
+        s = turn.generation.stats
+        if not s.speculative or not self.plain_tokens_per_second or s.completion_tokens < 2:
+            return None
+        return s.tokens_per_second / self.plain_tokens_per_second
+
+    @property
+    def context_used(self) -> int:
+        return self.last.context_used if self.last else 0
+
+    # -- settings -------------------------------------------------------------------------
+
+    @property
+    def draft_max(self) -> Optional[int]:
+        return self.engine.spec.draft_max
+
+    def settings(self) -> dict:
+        s = self.sampling
+        return {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
+                "min_p": s.min_p, "max_tokens": self.max_tokens,
+                "draft_max": "auto" if self.draft_max is None else self.draft_max}
+
+    def set(self, name: str, value: str) -> None:
+        """Change one setting from its text; raises a one-line error naming what is valid."""
+        if name in SAMPLING_SETTINGS:
+            self.sampling = self.sampling.replace(**{name: _number(value)})
+        elif name == "max_tokens":
+            n = _number(value)
+            if not isinstance(n, int) or not 1 <= n <= self.engine.n_ctx:
+                raise InvalidParameterError(name, n, f"an integer in [1, {self.engine.n_ctx}] "
+                                                     "(the context size)")
+            self.max_tokens = n
+        elif name == "draft_max":
+            if not self.can_speculate:
+                raise ChatError("draft_max has no effect: no draft model is loaded (start with "
+                                "--pair NAME or --target T --draft D)")
+            valid = "an integer in [0, 256]" + (" or auto" if self._auto_draft_max else "")
+            k = None if value == "auto" and self._auto_draft_max else _number(value)
+            if k is not None and not isinstance(k, int):
+                raise InvalidParameterError(name, k, valid)
+            try:
+                self.engine.spec = dataclasses.replace(self.engine.spec, draft_max=k)
+            except InvalidParameterError:
+                raise InvalidParameterError(name, k, valid) from None
+        else:
+            raise ChatError(f"unknown setting '{name}'; settings are {', '.join(SETTINGS)}")
+
+    def set_speculative(self, on: bool) -> None:
+        if on and not self.can_speculate:
+            raise ChatError("speculation needs a draft model: start with --pair NAME or "
+                            "--target T --draft D")
+        self.speculative = on
