@@ -6,14 +6,16 @@
 """
 
 from .config import SamplingParams, SpecConfig
-from .engine import Engine, Generation, GenerationStats, Stream, StreamEvent
-from .errors import (BackendError, ContextOverflowError, EdgespecError, IncompatiblePairError,
-                     InvalidModelError, InvalidParameterError, ModelLoadError,
-                     ModelNotFoundError)
+from .engine import Engine, Generation, GenerationStats, StreamEvent
+from .errors import (BackendError, ContextOverflowError, EdgespecError, EngineBusyError,
+                     EngineClosedError, IncompatiblePairError, InvalidModelError,
+                     InvalidParameterError, ModelLoadError, ModelNotFoundError)
+from .streams import AsyncStream, Stream
 
 __version__ = "0.1.0"
 
 __all__ = ["Engine", "SamplingParams", "SpecConfig", "Generation", "GenerationStats", "Stream",
-           "StreamEvent", "EdgespecError", "InvalidParameterError", "ModelLoadError",
-           "InvalidModelError", "IncompatiblePairError", "ContextOverflowError", "BackendError",
-           "ModelNotFoundError", "__version__"]
+           "AsyncStream", "StreamEvent", "EdgespecError", "InvalidParameterError",
+           "ModelLoadError", "InvalidModelError", "IncompatiblePairError", "ContextOverflowError",
+           "BackendError", "ModelNotFoundError", "EngineClosedError", "EngineBusyError",
+           "__version__"]

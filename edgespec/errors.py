@@ -67,3 +67,12 @@ class ModelNotFoundError(EdgespecError):
 
 class Cancelled(EdgespecError):
     """A generation was cancelled before it started producing tokens."""
+
+
+class EngineClosedError(EdgespecError):
+    """The Engine was closed; load a new one."""
+
+
+class EngineBusyError(EdgespecError):
+    """This thread would wait for a generation that only it can finish (a stream it left
+    open on the same Engine)."""

@@ -1,0 +1,355 @@
+"""The OpenAI wire format: request bodies → generation settings, results → response bodies.
+
+Plain Python, no HTTP stack. Every request a client can send either becomes a
+:class:`GenerationRequest` or raises :class:`APIError`, which carries the HTTP status and
+OpenAI's error shape ``{"error": {"message", "type", "param", "code"}}``; nothing in a body
+can turn into a 422 or a 500. Messages reuse the engine's wording
+(:class:`~edgespec.errors.InvalidParameterError`): ``temperature=3 is invalid: temperature must
+be …``.
+
+Fields follow OpenAI's chat completions and (legacy) completions APIs, plus llama.cpp's
+sampling extensions ``top_k``, ``min_p`` and ``repeat_penalty``. Sampling settings a request
+leaves out keep edgespec's defaults (llama.cpp's). Features edgespec does not have (several
+choices, log-probabilities, tools, JSON mode) are refused by name rather than ignored; fields
+that only label a request (``user``, ``metadata`` …) are accepted and ignored; any other field
+is refused as unknown.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+from ..config import SamplingParams
+from ..errors import InvalidParameterError
+
+TEMPERATURE_MAX = 2.0          # OpenAI's range; the engine itself allows more
+MAX_STOP_STRINGS = 4
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # OpenAI's default for /v1/completions
+# No tokenizer averages anywhere near this many characters per token, so a longer prompt
+# cannot fit the context: refused before the chat template or the tokenizer spend time on it.
+MAX_CHARS_PER_TOKEN = 64
+MAX_PROMPT_CHARS = 2_000_000
+CHAT_ROLES = {"system": "system", "developer": "system", "user": "user",
+              "assistant": "assistant", "tool": "tool"}
+
+_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "presence_penalty",
+             "frequency_penalty", "seed")
+_COMMON = {"model", "max_tokens", "n", "stream", "stream_options", "stop", "logprobs",
+           "logit_bias", "user", *_SAMPLING}
+_IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}
+CHAT_FIELDS = _COMMON | _IGNORED | {"messages", "max_completion_tokens", "top_logprobs",
+                                    "tools", "tool_choice", "functions", "function_call",
+                                    "response_format"}
+COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "best_of", "suffix"}
+
+
+class APIError(Exception):
+    """An HTTP error in OpenAI's shape."""
+
+    def __init__(self, status: int, message: str, *, param: Optional[str] = None,
+                 code: Optional[str] = None, type: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.type = (status, message, param,
+                                                                        code, type)
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+def invalid(name: str, value: Any, valid: str, code: str = "invalid_value") -> APIError:
+    return APIError(400, str(InvalidParameterError(name, value, valid)), param=name, code=code)
+
+
+def unsupported(name: str, what: str) -> APIError:
+    return APIError(400, f"{name} is not supported: {what}", param=name,
+                    code="unsupported_parameter")
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What one request asks the Engine for."""
+
+    kind: str                                 # "chat" | "completion"
+    prompt: Union[str, list]                  # completion text, or chat messages
+    max_tokens: int
+    sampling: SamplingParams
+    stop: tuple
+    stream: bool
+    include_usage: bool
+    model: Optional[str]
+
+    @property
+    def raw(self) -> bool:
+        return self.kind == "completion"
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading fields
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _optional(body: dict, name: str, check, valid: str) -> Any:
+    value = body.get(name)
+    if value is not None and not check(value):
+        raise invalid(name, value, valid, code="invalid_type")
+    return value
+
+
+def _refuse_unknown(body: dict, allowed: set) -> None:
+    for name in body:
+        if name not in allowed:
+            raise APIError(400, f"unknown parameter {name!r}: edgespec does not know it "
+                                "(see docs/api.md for the supported fields)",
+                           param=name, code="unknown_parameter")
+
+
+def _refuse_features(body: dict) -> None:
+    """Features edgespec does not have, refused when a request actually asks for them."""
+    if body.get("n") not in (None, 1):
+        raise invalid("n", body["n"], "1 (edgespec generates one choice per request)",
+                      code="unsupported_value")
+    if body.get("best_of") not in (None, 1):
+        raise invalid("best_of", body["best_of"], "1", code="unsupported_value")
+    if body.get("echo") not in (None, False):
+        raise unsupported("echo", "the prompt is not repeated in the output")
+    if body.get("suffix") not in (None, ""):
+        raise unsupported("suffix", "edgespec does not fill in the middle")
+    if body.get("logprobs") not in (None, False):
+        raise unsupported("logprobs", "log-probabilities are not reported")
+    if body.get("top_logprobs") is not None:
+        raise unsupported("top_logprobs", "log-probabilities are not reported")
+    if body.get("logit_bias") not in (None, {}):
+        raise unsupported("logit_bias", "it would change the target's distribution")
+    for name in ("tools", "functions"):
+        if body.get(name) not in (None, []):
+            raise unsupported(name, "tool calling is not available")
+    for name in ("tool_choice", "function_call"):
+        if body.get(name) not in (None, "none", "auto"):
+            raise unsupported(name, "tool calling is not available")
+    fmt = body.get("response_format")
+    if fmt is not None and fmt != {"type": "text"}:
+        raise unsupported("response_format", "only {\"type\": \"text\"} is available")
+
+
+def _sampling(body: dict) -> SamplingParams:
+    values = {name: body[name] for name in _SAMPLING if body.get(name) is not None}
+    for name, value in values.items():
+        if name in ("top_k", "seed"):
+            if not _is_int(value):
+                raise invalid(name, value, "an integer", code="invalid_type")
+        elif not _is_number(value):
+            raise invalid(name, value, "a number", code="invalid_type")
+    t = values.get("temperature")
+    if t is not None and not 0 <= t <= TEMPERATURE_MAX:
+        raise invalid("temperature", t, f"a number in [0, {TEMPERATURE_MAX:g}] (0 = greedy)")
+    if "seed" in values:
+        values["seed"] %= 2 ** 64       # OpenAI takes any 64-bit integer, negative ones too
+    try:
+        return SamplingParams(**values)
+    except InvalidParameterError as e:
+        raise APIError(400, str(e), param=e.name, code="invalid_value") from None
+
+
+def _stop(body: dict) -> tuple:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = [stop]
+    valid = f"a non-empty string or a list of at most {MAX_STOP_STRINGS} non-empty strings"
+    if (not isinstance(stop, list) or len(stop) > MAX_STOP_STRINGS
+            or any(not isinstance(s, str) or not s for s in stop)):
+        raise invalid("stop", body.get("stop"), valid)
+    return tuple(stop)
+
+
+def _max_tokens(body: dict, n_ctx: int, default: int) -> int:
+    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None \
+        else "max_tokens"
+    value = body.get(name)
+    if value is None:
+        return default
+    if not _is_int(value):
+        raise invalid(name, value, "an integer", code="invalid_type")
+    if not 1 <= value <= n_ctx:
+        raise invalid(name, value, f"an integer in [1, {n_ctx}] (the context size)")
+    return value
+
+
+def _streaming(body: dict) -> tuple[bool, bool]:
+    stream = bool(_optional(body, "stream", lambda v: isinstance(v, bool), "true or false"))
+    options = _optional(body, "stream_options", lambda v: isinstance(v, dict), "an object")
+    if options is None:
+        return stream, False
+    if not stream:
+        raise APIError(400, "stream_options is only allowed when stream is true",
+                       param="stream_options", code="invalid_value")
+    usage = options.get("include_usage", False)
+    if not isinstance(usage, bool):
+        raise invalid("stream_options.include_usage", usage, "true or false",
+                      code="invalid_type")
+    return stream, usage
+
+
+def _message(i: int, m: Any) -> dict:
+    where = f"messages[{i}]"
+    if not isinstance(m, dict):
+        raise invalid(where, m, "an object with role and content", code="invalid_type")
+    role = m.get("role")
+    if role not in CHAT_ROLES:
+        raise invalid(f"{where}.role", role, "one of " + ", ".join(CHAT_ROLES))
+    content = m.get("content")
+    if isinstance(content, list):    # content parts: text only
+        texts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" \
+                    or not isinstance(part.get("text"), str):
+                raise unsupported(f"{where}.content[{j}]", "only text parts "
+                                  "({\"type\": \"text\", \"text\": …}) are available")
+            texts.append(part["text"])
+        content = "".join(texts)
+    if not isinstance(content, str):
+        raise invalid(f"{where}.content", content, "a string or a list of text parts",
+                      code="invalid_type")
+    return {"role": CHAT_ROLES[role], "content": content}
+
+
+def _check_size(n_chars: int, n_ctx: int, param: str) -> None:
+    limit = min(MAX_CHARS_PER_TOKEN * n_ctx, MAX_PROMPT_CHARS)
+    if n_chars > limit:
+        raise APIError(400, f"the prompt is {n_chars} characters long, far more than the "
+                            f"context of {n_ctx} tokens holds (at most {limit} characters are "
+                            "accepted)", param=param, code="context_length_exceeded")
+
+
+def _common(body: dict, kind: str, prompt, n_ctx: int, default_max: int) -> GenerationRequest:
+    _optional(body, "model", lambda v: isinstance(v, str), "a string")
+    _optional(body, "user", lambda v: isinstance(v, str), "a string")
+    _refuse_features(body)
+    stream, include_usage = _streaming(body)
+    return GenerationRequest(kind=kind, prompt=prompt,
+                             max_tokens=_max_tokens(body, n_ctx, default_max),
+                             sampling=_sampling(body), stop=_stop(body), stream=stream,
+                             include_usage=include_usage, model=body.get("model"))
+
+
+def parse_chat(body: Any, n_ctx: int) -> GenerationRequest:
+    """A ``POST /v1/chat/completions`` body. Without max_tokens, up to the context edge."""
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object", code="invalid_json")
+    _refuse_unknown(body, CHAT_FIELDS)
+    messages = body.get("messages")
+    if messages is None:
+        raise APIError(400, "messages is required: a non-empty list of {role, content} "
+                            "objects", param="messages", code="missing_required_parameter")
+    if not isinstance(messages, list) or not messages:
+        raise invalid("messages", messages, "a non-empty list of {role, content} objects")
+    prompt = [_message(i, m) for i, m in enumerate(messages)]
+    _check_size(sum(len(m["content"]) for m in prompt), n_ctx, "messages")
+    return _common(body, "chat", prompt, n_ctx, default_max=n_ctx)
+
+
+def parse_completion(body: Any, n_ctx: int) -> GenerationRequest:
+    """A ``POST /v1/completions`` body: the prompt is sent as-is (no chat template)."""
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object", code="invalid_json")
+    _refuse_unknown(body, COMPLETION_FIELDS)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if prompt is None:
+        raise APIError(400, "prompt is required: a non-empty string", param="prompt",
+                       code="missing_required_parameter")
+    if not isinstance(prompt, str) or not prompt:
+        raise invalid("prompt", prompt if isinstance(prompt, str) else type(prompt).__name__,
+                      "a non-empty string (one prompt per request; token arrays are not "
+                      "accepted)")
+    _check_size(len(prompt), n_ctx, "prompt")
+    return _common(body, "completion", prompt, n_ctx,
+                   default_max=COMPLETIONS_DEFAULT_MAX_TOKENS)
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing responses
+
+
+class Reply:
+    """The identity shared by every body of one response: id, time, model."""
+
+    def __init__(self, kind: str, model: str):
+        self.kind = kind
+        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        self.model = model
+
+    def _base(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    # -- whole responses ------------------------------------------------------------------
+
+    def response(self, gen) -> dict:
+        if self.kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": gen.text},
+                      "logprobs": None, "finish_reason": gen.finish_reason}
+            body = self._base("chat.completion")
+        else:
+            choice = {"index": 0, "text": gen.text, "logprobs": None,
+                      "finish_reason": gen.finish_reason}
+            body = self._base("text_completion")
+        return {**body, "choices": [choice], "usage": usage(gen.stats),
+                "edgespec": speculation(gen.stats)}
+
+    # -- stream chunks --------------------------------------------------------------------
+
+    def chunk(self, text: Optional[str], *, first: bool = False,
+              finish: Optional[str] = None, include_usage: bool = False) -> dict:
+        """A chunk with ``text`` (chat: the role goes in the first delta only)."""
+        if self.kind == "chat":
+            delta: dict = {"role": "assistant", "content": text or ""} if first else \
+                ({"content": text} if text is not None else {})
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            body = self._base("chat.completion.chunk")
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            body = self._base("text_completion")
+        body["choices"] = [choice]
+        if include_usage:
+            body["usage"] = None     # as OpenAI: null on every chunk but the usage chunk
+        return body
+
+    def final_chunk(self, gen, include_usage: bool) -> dict:
+        body = self.chunk(None, finish=gen.finish_reason, include_usage=include_usage)
+        body["edgespec"] = speculation(gen.stats)
+        return body
+
+    def usage_chunk(self, gen) -> dict:
+        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+        return {**self._base(obj), "choices": [], "usage": usage(gen.stats),
+                "edgespec": speculation(gen.stats)}
+
+
+def usage(stats) -> dict:
+    cached = max(0, stats.prompt_tokens - stats.prompt_tokens_evaluated)
+    return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens,
+            "total_tokens": stats.prompt_tokens + stats.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def speculation(stats) -> dict:
+    """The edgespec field of every response: how speculation did on this request."""
+    return {"speculative": stats.speculative, "drafted": stats.drafted,
+            "accepted": stats.accepted, "acceptance_rate": round(stats.acceptance_rate, 4),
+            "target_passes": stats.target_passes,
+            "tokens_per_pass": round(stats.tokens_per_pass, 3),
+            "tokens_per_second": round(stats.tokens_per_second, 2)}

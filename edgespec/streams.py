@@ -1,0 +1,280 @@
+"""Generation handles, and how generations on one Engine take turns.
+
+An Engine has one pair of KV caches and llama.cpp contexts are not thread-safe, so exactly one
+generation uses them at a time. Each generation is a :class:`Stream` over a generator that the
+Engine writes. The generation waits for its turn at a :class:`Turnstile` (first come, first
+served) when the stream is first advanced, keeps the caches while it is open, and gives them
+back when it ends: after its last token, or when it is cancelled, closed or dropped.
+
+Ownership is arranged so that dropping a stream ends it at once: the :class:`Stream` owns the
+generator and a :class:`Job`; the generator knows the Job; the Job knows the generator only
+weakly. Nothing refers back to the Stream, so in CPython the last reference going away closes
+the generator there and then (not at some later garbage collection), and its ``finally`` trims
+the caches and hands the turn on.
+
+Threads: a stream may be advanced from any thread (one at a time), and cancelled or closed
+from any other. ``cancel()`` never blocks; ``close()`` waits at most for the step in progress.
+:class:`AsyncStream` runs a stream in a thread of its own and hands its events to an asyncio
+event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import weakref
+from collections import deque
+from typing import Any, Generator, Optional
+
+from .errors import EngineBusyError
+
+
+class Job:
+    """The state a :class:`Stream` and its generator share.
+
+    ``result`` is the finished Generation (set by the generator). ``cancelled`` is this
+    generation's own flag: a cancel aimed at one generation can never stop another.
+    ``step`` is held while a thread advances the generator, so that a close from another
+    thread waits for the step in progress instead of racing it.
+    """
+
+    def __init__(self, turnstile: "Turnstile", cancelled_result: Any):
+        self.turnstile = turnstile
+        self.cancelled = threading.Event()
+        self.step = threading.Lock()
+        self.advancing = False                 # a thread is inside next() right now
+        self.consumer: Optional[int] = None    # the thread that advanced it last
+        self.result: Any = None
+        self.cancelled_result = cancelled_result   # the result if it never gets to run
+        self.generator: Optional[weakref.ref] = None
+
+    def cancel(self) -> None:
+        """Stop this generation; never blocks.
+
+        Queued: it leaves the queue. Between steps: it is closed now (caches trimmed, turn
+        handed on). Inside a step in another thread: that step ends it at its next token.
+        """
+        self.cancelled.set()
+        self.turnstile.wake()
+        if self.step.acquire(blocking=False):
+            try:
+                self._close_generator()
+            finally:
+                self.step.release()
+
+    def close(self) -> None:
+        """Stop this generation and wait (at most one step) until it has let go of the caches."""
+        self.cancelled.set()
+        self.turnstile.wake()
+        with self.step:
+            self._close_generator()
+
+    def _close_generator(self) -> None:
+        gen = self.generator() if self.generator is not None else None
+        if gen is not None:
+            gen.close()
+        if self.result is None:          # closed before it ever ran
+            self.result = self.cancelled_result
+
+
+class Turnstile:
+    """One generation at a time on the caches; the others wait in arrival order."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._waiting: deque[Job] = deque()
+        self.owner: Optional[Job] = None
+        self.closed = False
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def enter(self, job: Job) -> bool:
+        """Wait for ``job``'s turn. False if it was cancelled, or the turnstile closed, first.
+
+        Raises :class:`EngineBusyError` when the caller would wait for itself: the current
+        owner is a stream that this very thread advanced and left open.
+        """
+        me = threading.get_ident()
+        with self._cond:
+            owner = self.owner
+            if owner is not None and not owner.advancing and owner.consumer == me:
+                raise EngineBusyError(
+                    "this thread still has an unfinished stream on this Engine: read it to the "
+                    "end or call its close() (or cancel()) before starting another generation")
+            self._waiting.append(job)
+            try:
+                while self.owner is not None or self._waiting[0] is not job:
+                    if job.cancelled.is_set() or self.closed:
+                        return False
+                    self._cond.wait()
+                if job.cancelled.is_set() or self.closed:
+                    return False
+                self.owner = job
+                return True
+            finally:
+                self._waiting.remove(job)
+                self._cond.notify_all()   # whoever is now first in line may go
+
+    def leave(self, job: Job) -> None:
+        with self._cond:
+            if self.owner is job:
+                self.owner = None
+                self._cond.notify_all()
+
+    def wake(self) -> None:
+        """Let waiters re-check their flags (after a cancel)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def close(self) -> Optional[Job]:
+        """Admit nobody any more; wake the queue (each waiter ends cancelled). Returns the
+        current owner, which the caller must stop."""
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+            return self.owner
+
+    def wait_idle(self) -> None:
+        with self._cond:
+            while self.owner is not None:
+                self._cond.wait()
+
+
+class Stream:
+    """Iterator of :class:`~edgespec.engine.StreamEvent`; ``result`` holds the
+    :class:`~edgespec.engine.Generation` once it has ended.
+
+    The generation waits for its turn when first advanced. ``cancel()`` (any thread, never
+    blocks) and ``close()`` (any thread, waits at most one step) stop it; so does dropping the
+    last reference to it. Either way the caches are left holding exactly what was generated,
+    and ``result.finish_reason`` is ``"cancelled"``. Usable as a context manager.
+    """
+
+    def __init__(self, job: Job, events: Generator):
+        self._job = job
+        self._events = events
+        job.generator = weakref.ref(events)
+
+    @property
+    def result(self):
+        return self._job.result
+
+    @result.setter
+    def result(self, value) -> None:
+        self._job.result = value
+
+    @property
+    def cancelled(self) -> bool:
+        return self._job.cancelled.is_set()
+
+    def __iter__(self) -> "Stream":
+        return self
+
+    def __next__(self):
+        job = self._job
+        with job.step:
+            job.advancing = True
+            job.consumer = threading.get_ident()
+            try:
+                return next(self._events)
+            finally:
+                job.advancing = False
+
+    def cancel(self) -> None:
+        self._job.cancel()
+
+    def close(self) -> None:
+        self._job.close()
+
+    def __enter__(self) -> "Stream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+_END = object()
+
+
+class AsyncStream:
+    """An asyncio face of a :class:`Stream`: ``async for event in engine.astream(...)``.
+
+    The generation runs in a thread of its own, started by the first ``__anext__``, so the
+    event loop never blocks on llama.cpp. ``cancel()`` stops it within one step without
+    blocking; ``aclose()`` also waits until it has let go of the caches. Leaving an
+    ``async for`` early, or dropping the object, cancels the generation.
+    """
+
+    def __init__(self, stream: Stream):
+        self._stream = stream
+        self._queue: Optional[asyncio.Queue] = None
+        self._done = False
+
+    @property
+    def result(self):
+        return self._stream.result
+
+    def __aiter__(self) -> "AsyncStream":
+        return self
+
+    async def __anext__(self):
+        if self._done:
+            raise StopAsyncIteration
+        if self._queue is None:
+            self._start()
+        item = await self._queue.get()
+        if item is _END:
+            self._done = True
+            raise StopAsyncIteration
+        if isinstance(item, BaseException):
+            self._done = True
+            raise item
+        return item
+
+    def _start(self) -> None:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        self._queue = queue
+        stream = self._stream
+
+        def pump() -> None:
+            end: Any = _END
+            try:
+                for event in stream:
+                    loop.call_soon_threadsafe(queue.put_nowait, event)
+            except BaseException as e:   # handed to the consumer, who raises it
+                end = e
+            finally:
+                stream.cancel()   # a no-op after the end; frees the Engine if the loop is gone
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, end)
+            except RuntimeError:
+                pass   # the loop is gone: nobody is listening any more
+
+        threading.Thread(target=pump, name="edgespec-astream", daemon=True).start()
+
+    def cancel(self) -> None:
+        self._stream.cancel()
+
+    async def aclose(self) -> None:
+        """Cancel and wait until the generation has ended."""
+        self._stream.cancel()
+        if self._queue is None or self._done:
+            return
+        while True:
+            item = await self._queue.get()
+            if item is _END or isinstance(item, BaseException):
+                self._done = True
+                return
+
+    async def __aenter__(self) -> "AsyncStream":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+    def __del__(self):
+        if not self._done:
+            self._stream.cancel()

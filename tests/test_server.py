@@ -1,0 +1,397 @@
+"""`edgespec serve` as a client sees it: a real server process on loopback with the real
+SmolLM2 pair, driven by the official `openai` client and by plain HTTP."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import openai
+import pytest
+
+from server_helpers import (ServerProcess, assert_openai_error, health, post, request, sse,
+                            wait_until)
+
+KEY = "sk-test-0123456789"
+N_CTX = 512
+CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+COUNTING = "1, 2, 3, 4, 5, 6, 7, 8,"
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_f32_path, smollm2_q4_path):
+    s = ServerProcess("--api-key", KEY, "--target", smollm2_f32_path, "--draft", smollm2_q4_path,
+                      "--ctx-size", N_CTX)
+    yield s
+    rc = s.stop()
+    assert rc in (0, 130), s.log()
+    assert "Traceback" not in s.log() and "Exception" not in s.log(), s.log()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base_url, api_key=KEY, max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def model(client):
+    return client.models.list().data[0].id
+
+
+# ---------------------------------------------------------------------------------------------
+# The openai client
+
+
+def test_binds_loopback_by_default(server):
+    assert server.host == "127.0.0.1"
+
+
+def test_models(client, server):
+    models = client.models.list().data
+    assert [m.id for m in models] == ["SmolLM2-135M-Instruct.F32"]
+    assert models[0].owned_by == "edgespec"
+    assert client.models.retrieve(models[0].id).id == models[0].id
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
+
+
+def test_chat(client, model):
+    r = client.chat.completions.create(model=model, messages=CHAT, max_tokens=24,
+                                       temperature=0)
+    assert r.object == "chat.completion" and r.id.startswith("chatcmpl-")
+    assert r.choices[0].message.role == "assistant"
+    assert "Paris" in r.choices[0].message.content
+    assert r.choices[0].finish_reason in ("stop", "length")
+    u = r.usage
+    assert u.prompt_tokens > 10 and u.completion_tokens >= 5
+    assert u.total_tokens == u.prompt_tokens + u.completion_tokens
+    spec = r.model_extra["edgespec"]
+    assert spec["speculative"] is True and spec["drafted"] > 0
+    assert 0 <= spec["acceptance_rate"] <= 1 and spec["target_passes"] >= 1
+
+
+def test_chat_stream_framing_and_equality(client, model, server):
+    whole = client.chat.completions.create(model=model, messages=CHAT, max_tokens=24,
+                                           temperature=0)
+    chunks = list(client.chat.completions.create(
+        model=model, messages=CHAT, max_tokens=24, temperature=0, stream=True,
+        stream_options={"include_usage": True}))
+    assert len({c.id for c in chunks}) == 1
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    *content, last_choice, usage_chunk = chunks
+    assert content[0].choices[0].delta.role == "assistant"
+    assert all(c.choices[0].delta.role is None for c in content[1:] + [last_choice])
+    assert all(c.choices[0].finish_reason is None for c in content)
+    assert last_choice.choices[0].finish_reason == whole.choices[0].finish_reason
+    assert "".join(c.choices[0].delta.content or "" for c in content) == \
+        whole.choices[0].message.content
+    assert usage_chunk.choices == [] and usage_chunk.usage is not None
+    assert usage_chunk.usage.completion_tokens == whole.usage.completion_tokens
+    assert usage_chunk.usage.prompt_tokens == whole.usage.prompt_tokens
+    assert all(c.usage is None for c in chunks[:-1])
+    assert last_choice.model_extra["edgespec"]["drafted"] > 0
+
+    # the raw events: `data: {json}` each, `data: [DONE]` last
+    events = sse(server.port, "/v1/chat/completions",
+                 {"messages": CHAT, "max_tokens": 24, "temperature": 0, "stream": True},
+                 key=KEY)
+    assert events[-1] == "[DONE]"
+    bodies = [json.loads(e) for e in events[:-1]]
+    assert "usage" not in bodies[0]            # no usage fields unless asked for
+    assert "".join(b["choices"][0]["delta"].get("content", "") for b in bodies) == \
+        whole.choices[0].message.content
+
+
+def test_completions(client, model):
+    whole = client.completions.create(model=model, prompt=COUNTING, max_tokens=12,
+                                      temperature=0)
+    assert whole.object == "text_completion"
+    assert whole.choices[0].text.startswith(" 9, 10")
+    assert whole.choices[0].finish_reason == "length"
+    assert whole.usage.completion_tokens == 12
+    assert whole.model_extra["edgespec"]["accepted"] > 0
+    chunks = list(client.completions.create(model=model, prompt=COUNTING, max_tokens=12,
+                                            temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage.completion_tokens == 12
+
+
+def test_stop_and_sampling_fields(client, model):
+    r = client.completions.create(model=model, prompt=COUNTING, max_tokens=30, temperature=0,
+                                  stop=[" 11"])
+    assert r.choices[0].text == " 9, 10," and r.choices[0].finish_reason == "stop"
+    r = client.chat.completions.create(model=model, messages=CHAT, max_tokens=12,
+                                       temperature=0.9, top_p=0.9, seed=7, presence_penalty=0.5,
+                                       frequency_penalty=0.5, extra_body={"top_k": 20,
+                                                                          "min_p": 0.01})
+    assert r.choices[0].message.content and r.usage.completion_tokens <= 12
+
+
+def test_errors_through_the_client(client, model):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=model, messages=CHAT, temperature=3)
+    assert e.value.status_code == 400 and e.value.param == "temperature"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=model, messages=CHAT, n=2)
+    assert e.value.param == "n"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=model, prompt="word " * 2000)
+    assert e.value.code == "context_length_exceeded"
+    bad = openai.OpenAI(base_url=client.base_url, api_key="sk-wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as e:
+        bad.models.list()
+    assert e.value.code == "invalid_api_key"
+
+
+# ---------------------------------------------------------------------------------------------
+# The bad-request table (plain HTTP: bodies no client library would send)
+
+CHAT_OK = {"messages": CHAT, "max_tokens": 4}
+BAD = [
+    # (path, body, expected param, expected code)
+    ("/v1/chat/completions", b'{"messages": [', None, "invalid_json"),
+    ("/v1/chat/completions", b"[1, 2]", None, "invalid_json"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], '
+                             b'"temperature": NaN}', None, "invalid_json"),
+    ("/v1/chat/completions", {}, "messages", "missing_required_parameter"),
+    ("/v1/chat/completions", {"messages": "hi"}, "messages", None),
+    ("/v1/chat/completions", {"messages": []}, "messages", None),
+    ("/v1/chat/completions", {"messages": ["hi"]}, "messages[0]", None),
+    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]},
+     "messages[0].role", None),
+    ("/v1/chat/completions", {"messages": [{"role": "user"}]}, "messages[0].content", None),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]},
+     "messages[0].content", None),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages[0].content[0]", None),
+    ("/v1/chat/completions", {**CHAT_OK, "n": 2}, "n", None),
+    ("/v1/chat/completions", {**CHAT_OK, "temperature": -1}, "temperature", None),
+    ("/v1/chat/completions", {**CHAT_OK, "temperature": 3}, "temperature", None),
+    ("/v1/chat/completions", {**CHAT_OK, "temperature": "hot"}, "temperature", "invalid_type"),
+    ("/v1/chat/completions", {**CHAT_OK, "top_p": 1.5}, "top_p", None),
+    ("/v1/chat/completions", {**CHAT_OK, "top_p": 0}, "top_p", None),
+    ("/v1/chat/completions", {**CHAT_OK, "top_k": 2.5}, "top_k", "invalid_type"),
+    ("/v1/chat/completions", {**CHAT_OK, "min_p": 2}, "min_p", None),
+    ("/v1/chat/completions", {**CHAT_OK, "presence_penalty": 3}, "presence_penalty", None),
+    ("/v1/chat/completions", {**CHAT_OK, "frequency_penalty": True}, "frequency_penalty",
+     "invalid_type"),
+    ("/v1/chat/completions", {**CHAT_OK, "seed": "x"}, "seed", "invalid_type"),
+    ("/v1/chat/completions", {**CHAT_OK, "max_tokens": 0}, "max_tokens", None),
+    ("/v1/chat/completions", {**CHAT_OK, "max_tokens": 10 ** 9}, "max_tokens", None),
+    ("/v1/chat/completions", {**CHAT_OK, "max_tokens": "10"}, "max_tokens", "invalid_type"),
+    ("/v1/chat/completions", {**CHAT_OK, "max_completion_tokens": -5},
+     "max_completion_tokens", None),
+    ("/v1/chat/completions", {**CHAT_OK, "stop": ""}, "stop", None),
+    ("/v1/chat/completions", {**CHAT_OK, "stop": ["a", ""]}, "stop", None),
+    ("/v1/chat/completions", {**CHAT_OK, "stop": ["a", "b", "c", "d", "e"]}, "stop", None),
+    ("/v1/chat/completions", {**CHAT_OK, "stop": 7}, "stop", None),
+    ("/v1/chat/completions", {**CHAT_OK, "stream": "yes"}, "stream", "invalid_type"),
+    ("/v1/chat/completions", {**CHAT_OK, "stream_options": {"include_usage": True}},
+     "stream_options", None),
+    ("/v1/chat/completions", {**CHAT_OK, "logprobs": True}, "logprobs",
+     "unsupported_parameter"),
+    ("/v1/chat/completions", {**CHAT_OK, "tools": [{"type": "function"}]}, "tools",
+     "unsupported_parameter"),
+    ("/v1/chat/completions", {**CHAT_OK, "response_format": {"type": "json_object"}},
+     "response_format", "unsupported_parameter"),
+    ("/v1/chat/completions", {**CHAT_OK, "logit_bias": {"1": 5}}, "logit_bias", None),
+    ("/v1/chat/completions", {**CHAT_OK, "model": 5}, "model", "invalid_type"),
+    ("/v1/chat/completions", {**CHAT_OK, "frobnicate": 1}, "frobnicate", "unknown_parameter"),
+    ("/v1/completions", {}, "prompt", "missing_required_parameter"),
+    ("/v1/completions", {"prompt": ""}, "prompt", None),
+    ("/v1/completions", {"prompt": [1, 2, 3]}, "prompt", None),
+    ("/v1/completions", {"prompt": ["a", "b"]}, "prompt", None),
+    ("/v1/completions", {"prompt": "hi", "echo": True}, "echo", None),
+    ("/v1/completions", {"prompt": "hi", "best_of": 3}, "best_of", None),
+    ("/v1/completions", {"prompt": "hi", "messages": CHAT}, "messages", "unknown_parameter"),
+    ("/v1/completions", {"prompt": "word " * 2000}, "prompt", "context_length_exceeded"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 2000}]},
+     "messages", "context_length_exceeded"),
+    # 5 MB of text: refused by size, before the chat template or the tokenizer see it
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 5_000_000}]},
+     "messages", "context_length_exceeded"),
+    ("/v1/completions", {"prompt": "x" * 5_000_000}, "prompt", "context_length_exceeded"),
+]
+
+
+@pytest.mark.parametrize("path,body,param,code", BAD,
+                         ids=[f"{i}-{b if isinstance(b, bytes) else list(b)[-1:]}"[:40]
+                              for i, (_, b, _, _) in enumerate(BAD)])
+def test_bad_request_table(server, path, body, param, code):
+    status, out = post(server.port, path, body, key=KEY)
+    assert_openai_error(status, out, 400, param=param, code=code)
+
+
+def test_transport_errors(server):
+    port = server.port
+    status, _, data = request(port, "POST", "/v1/chat/completions",
+                              json.dumps(CHAT_OK).encode(),
+                              {"Authorization": f"Bearer {KEY}", "Content-Type": "text/plain"})
+    assert_openai_error(status, json.loads(data), 400, code="invalid_content_type")
+    big = json.dumps({"prompt": "x" * (9 * 1024 * 1024)}).encode()
+    status, out = post(port, "/v1/completions", big, key=KEY)
+    assert_openai_error(status, out, 413, code="request_too_large")
+    status, _, data = request(port, "GET", "/v1/nothing-here",
+                              headers={"Authorization": f"Bearer {KEY}"})
+    assert_openai_error(status, json.loads(data), 404)
+    status, _, data = request(port, "GET", "/v1/chat/completions",
+                              headers={"Authorization": f"Bearer {KEY}"})
+    assert_openai_error(status, json.loads(data), 405)
+    assert health(port)["status"] == "ok"
+
+
+def test_api_key_rules(server):
+    port = server.port
+    for headers in ({}, {"Authorization": "Bearer sk-wrong"}, {"Authorization": KEY},
+                    {"Authorization": f"Basic {KEY}"}):
+        status, h, data = request(port, "GET", "/v1/models", headers=headers)
+        assert_openai_error(status, json.loads(data), 401, code="invalid_api_key")
+        assert h.get("www-authenticate") == "Bearer"
+    status, out = post(port, "/v1/chat/completions", CHAT_OK)      # no key
+    assert status == 401
+    status, _, _ = request(port, "GET", "/v1/models", headers={"Authorization": f"Bearer {KEY}"})
+    assert status == 200
+    assert health(port)["status"] == "ok"          # /health needs no key
+
+
+# ---------------------------------------------------------------------------------------------
+# Queueing, disconnects, concurrency
+
+
+def _open_stream(port: int, payload: dict, key=KEY) -> tuple[http.client.HTTPConnection, object]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    conn.request("POST", "/v1/completions" if "prompt" in payload else "/v1/chat/completions",
+                 body=json.dumps(payload), headers={"Content-Type": "application/json",
+                                                    "Authorization": f"Bearer {key}"})
+    return conn, conn.getresponse()
+
+
+def _hang_up(conn: http.client.HTTPConnection) -> None:
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
+
+
+LONG = {"prompt": COUNTING, "max_tokens": 400, "temperature": 0}
+
+
+def test_streaming_client_disconnect_cancels_its_generation(server):
+    conn, resp = _open_stream(server.port, {**LONG, "stream": True})
+    assert resp.status == 200
+    for _ in range(4):
+        assert resp.readline().startswith(b"data: ")
+        resp.readline()
+    assert health(server.port)["busy"]
+    _hang_up(conn)
+    took = wait_until(lambda: not health(server.port)["busy"], timeout=20)
+    # 400 tokens would take far longer; the engine stopped at its next step
+    assert took < 10
+    wait_until(lambda: "client disconnected" in server.log(), timeout=5)
+
+
+def test_waiting_client_disconnect_cancels_its_generation(server):
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    conn.request("POST", "/v1/completions", body=json.dumps(LONG),
+                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+    wait_until(lambda: health(server.port)["busy"], timeout=30)
+    time.sleep(0.3)
+    _hang_up(conn)
+    took = wait_until(lambda: not health(server.port)["busy"], timeout=20)
+    assert took < 10
+
+
+def test_queued_client_disconnect_leaves_the_queue(server):
+    conn_a, resp_a = _open_stream(server.port, {**LONG, "stream": True})
+    resp_a.readline()
+    conn_b = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    conn_b.request("POST", "/v1/completions", body=json.dumps(LONG),
+                   headers={"Content-Type": "application/json",
+                            "Authorization": f"Bearer {KEY}"})
+    wait_until(lambda: health(server.port)["waiting"] == 1, timeout=30)
+    _hang_up(conn_b)
+    wait_until(lambda: health(server.port)["waiting"] == 0, timeout=10)
+    assert health(server.port)["busy"]             # A is untouched
+    _hang_up(conn_a)
+    wait_until(lambda: not health(server.port)["busy"], timeout=20)
+
+
+def test_concurrent_clients_queue_and_health_stays_responsive(client, model, server):
+    prompts = ["The capital of France is", "def fibonacci(n):\n    ",
+               "List three colours of the rainbow:"]
+    alone = {p: client.completions.create(model=model, prompt=p, max_tokens=16,
+                                          temperature=0).choices[0].text for p in prompts}
+    together, errors, health_times = {}, [], []
+
+    def ask(p):
+        try:
+            together[p] = client.completions.create(model=model, prompt=p, max_tokens=16,
+                                                    temperature=0).choices[0].text
+        except Exception as e:    # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=ask, args=(p,)) for p in prompts]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        t0 = time.monotonic()
+        h = health(server.port)
+        health_times.append(time.monotonic() - t0)
+        assert h["waiting"] <= len(prompts) - 1
+        time.sleep(0.05)
+    assert not errors, errors
+    assert together == alone
+    assert max(health_times) < 2.0, health_times
+
+
+# ---------------------------------------------------------------------------------------------
+# Where it may listen
+
+
+def serve(*args, timeout=60):
+    return subprocess.run([sys.executable, "-m", "edgespec", "serve", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def assert_one_line_error(proc, *fragments):
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    for f in fragments:
+        assert f in lines[0]
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.10", "example.com"])
+def test_other_addresses_need_an_api_key(host, tmp_path):
+    t0 = time.monotonic()
+    proc = serve("--host", host, "--target", tmp_path / "never-loaded.gguf")
+    assert_one_line_error(proc, "refusing to listen", "--api-key")
+    assert time.monotonic() - t0 < 30        # refused before any model is loaded
+
+
+def test_option_errors_are_one_line(server, tmp_path):
+    assert_one_line_error(serve("--cors-origin", "*"), "--cors-origin", "any web page")
+    assert_one_line_error(serve("--api-key", "has space"), "--api-key")
+    assert_one_line_error(serve("--port", "70000"), "not a port")
+    assert_one_line_error(serve("--port", server.port, "--target", tmp_path / "x.gguf"),
+                          f"cannot listen on 127.0.0.1:{server.port}")
+
+
+def test_all_addresses_with_a_key(smollm2_q4_path):
+    s = ServerProcess("--host", "0.0.0.0", "--api-key", KEY, "--target", smollm2_q4_path,
+                      "--ctx-size", 256)
+    try:
+        assert s.host == "0.0.0.0"
+        status, _, _ = request(s.port, "GET", "/v1/models")
+        assert status == 401
+        status, out = post(s.port, "/v1/completions", {"prompt": "Hello", "max_tokens": 2},
+                           key=KEY)
+        assert status == 200 and out["usage"]["completion_tokens"] == 2
+        assert out["edgespec"]["speculative"] is False
+    finally:
+        assert s.stop() in (0, 130), s.log()
