@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -477,3 +477,45 @@ def quantize(src: str | os.PathLike, dst: str | os.PathLike, ftype: str,
         raise BackendError(f"llama.cpp could not quantize {src} to {ftype} (code {rc})")
     os.replace(tmp, dst)
     return dst
+
+
+# ---------------------------------------------------------------------------------------------
+# Peers for side-by-side benchmarks: llama-cpp-python's own high-level API
+
+
+class LlamaCppPythonPeer:
+    """``llama_cpp.Llama`` decoding greedily, plain or with its ``LlamaPromptLookupDecoding``
+    (the options a Python user would otherwise pick), timed the way edgespec times itself."""
+
+    def __init__(self, path: str | os.PathLike, *, n_ctx: int = 2048,
+                 n_threads: Optional[int] = None, prompt_lookup: bool = False,
+                 num_pred_tokens: int = 10):
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+        _ensure_init(False)
+        draft = LlamaPromptLookupDecoding(num_pred_tokens=num_pred_tokens) if prompt_lookup \
+            else None
+        self.llm = Llama(str(path), n_ctx=n_ctx, n_threads=n_threads,
+                         n_threads_batch=n_threads, draft_model=draft, verbose=False)
+        self.eog = {t for t in range(self.llm.n_vocab())
+                    if C.llama_vocab_is_eog(self.llm._model.vocab, t)} \
+            if hasattr(self.llm._model, "vocab") else {self.llm.token_eos()}
+
+    def generate(self, tokens: Sequence[int], max_tokens: int) -> tuple[int, float]:
+        """(tokens generated, decoding seconds) for a greedy completion of ``tokens``."""
+        n = 0
+        t_first = None
+        for tok in self.llm.generate(list(tokens), temp=0.0, top_k=1, reset=True):
+            now = time.perf_counter()
+            if t_first is None:
+                t_first = now
+            if tok in self.eog:
+                break
+            n += 1
+            if n >= max_tokens:
+                break
+        # The first token comes out of prompt processing; time the rest, per token.
+        return n, (time.perf_counter() - t_first) * n / max(n - 1, 1) if t_first else 0.0
+
+    def close(self) -> None:
+        self.llm.close() if hasattr(self.llm, "close") else None

@@ -1,46 +1,41 @@
-"""Side-by-side measurements: plain target decoding vs speculative decoding, interleaved.
+"""``edgespec bench``: every way of decoding a pair, side by side, interleaved.
 
 Absolute speeds on a shared machine drift by tens of percent between minutes, so every figure
-that matters is a ratio measured in one run: each prompt is decoded plain and speculatively
-back to back, alternating which goes first, and the speedup is the ratio of the summed times.
+that matters is a ratio measured in one run: each prompt is decoded by every configuration
+back to back, the order rotating from prompt to prompt, and speedups are ratios of summed
+tokens over summed decoding time.
 
-The cost model predicts the speedup from component costs measured in isolation at the start
-(the target's time for a batch of n tokens, the draft's time per token) and the acceptance the
-run observed. A measured speedup well below the prediction means time lost outside llama.cpp.
+Configurations: ``plain`` (target alone), ``K=k`` (draft length pinned), ``adaptive`` (the cost
+model picks K each round), ``ngram`` (prompt lookup, no draft model), ``hybrid`` (n-gram
+matches, else the draft model), and the peers a Python user would otherwise pick:
+``llama_cpp.Llama`` plain and with its ``LlamaPromptLookupDecoding``.
+
+The cost model predicts each configuration's speedup from component costs measured in
+isolation (the target's time per batch size, the draft's time per token) and the acceptance
+the run observed; a measured speedup well below the prediction means time lost outside
+llama.cpp.
 """
 
 from __future__ import annotations
 
 import json
 import resource
-import statistics
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
-from .config import SamplingParams
+from .bench_prompts import PROMPT_SETS
+from .config import SamplingParams, SpecConfig
 
-PROMPT_SETS = {
-    "default": [
-        "The history of the Roman Empire",
-        "def quicksort(arr):",
-        "Once upon a time, in a small village by the sea,",
-        "The three laws of thermodynamics are",
-        "A recipe for a simple tomato soup:",
-        "In computer science, a hash table is",
-    ],
-    "chat": [
-        "Explain how a rainbow forms, in a short paragraph.",
-        "Write a Python function that checks whether a string is a palindrome.",
-        "Give me three tips for learning a new language.",
-        "What is the difference between a list and a tuple in Python?",
-    ],
-}
+PEER_PLAIN = "llama-cpp-python"
+PEER_LOOKUP = "llama-cpp-python+lookup"
 
 
 @dataclass
 class Totals:
+    """Summed measurements of one configuration over all prompts."""
+
     tokens: int = 0
     seconds: float = 0.0
     llama_seconds: float = 0.0
@@ -48,16 +43,11 @@ class Totals:
     accepted: int = 0
     passes: int = 0
     draft_seconds: float = 0.0
-    verify_seconds: float = 0.0
-    per_prompt: list = field(default_factory=list)
     tested_at: list = field(default_factory=list)
     accepted_at: list = field(default_factory=list)
+    per_prompt: list = field(default_factory=list)
 
     def add(self, s) -> None:
-        for mine, theirs in ((self.tested_at, s.tested_at), (self.accepted_at, s.accepted_at)):
-            mine.extend([0] * (len(theirs) - len(mine)))
-            for i, c in enumerate(theirs):
-                mine[i] += c
         self.tokens += s.completion_tokens
         self.seconds += s.decode_seconds
         self.llama_seconds += s.llama_seconds
@@ -65,195 +55,228 @@ class Totals:
         self.accepted += s.accepted
         self.passes += s.target_passes
         self.draft_seconds += s.draft_seconds
-        self.verify_seconds += s.verify_seconds
+        for mine, theirs in ((self.tested_at, s.tested_at), (self.accepted_at, s.accepted_at)):
+            mine.extend([0] * (len(theirs) - len(mine)))
+            for i, c in enumerate(theirs):
+                mine[i] += c
         self.per_prompt.append(s.tokens_per_second)
+
+    def add_peer(self, n: int, seconds: float) -> None:
+        self.tokens += n
+        self.seconds += seconds
+        self.per_prompt.append(n / seconds if seconds else 0.0)
 
     @property
     def tps(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
 
-    @property
-    def outside_share(self) -> float:
-        return 1 - self.llama_seconds / self.seconds if self.seconds else 0.0
+
+@dataclass
+class Config:
+    name: str
+    spec: Optional[SpecConfig] = None    # None: plain target decoding (or a peer)
+    peer: Optional[str] = None
+    k: Optional[int] = None              # pinned draft length, for the plot
 
 
-def _time_eval(model, tokens: list[int], n: int, reps: int) -> float:
-    """Median seconds for one ``llama_decode`` of ``n`` tokens with logits on all rows."""
-    base = len(model.tokens)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        model.eval((tokens * n)[:n], min(n, model.n_outputs_max))
-        times.append(time.perf_counter() - t0)
-        model.truncate(base)
-    return statistics.median(times)
-
-
-def calibrate(engine, prompt_tokens: list[int], ks: list[int], reps: int = 5) -> dict:
-    """Isolated costs: target per batch size, draft per token (seconds)."""
-    t, d = engine.target, engine.draft
-    ctx = prompt_tokens[:-1]
-    t.truncate(0)
-    t.eval(ctx, 0)
-    costs = {"target": {n: _time_eval(t, prompt_tokens[-1:], n, reps)
-                        for n in sorted({1, *[k + 1 for k in ks]})}}
-    if d is not None:
-        d.truncate(0)
-        d.eval(ctx, 0)
-        costs["draft"] = _time_eval(d, prompt_tokens[-1:], 1, reps)
-    return costs
+def make_configs(ks: list[int], has_draft: bool, peers: bool) -> list[Config]:
+    configs = [Config("plain")]
+    if has_draft:
+        configs += [Config(f"K={k}", SpecConfig("model", draft_max=k), k=k) for k in ks]
+        configs.append(Config("adaptive", SpecConfig("model")))
+    configs.append(Config("ngram", SpecConfig("ngram")))
+    if has_draft:
+        configs.append(Config("hybrid", SpecConfig("hybrid")))
+    if peers:
+        configs += [Config(PEER_PLAIN, peer="plain"), Config(PEER_LOOKUP, peer="lookup")]
+    return configs
 
 
 def position_acceptance(tested_at: list, accepted_at: list) -> list[float]:
-    """P(draft i accepted | drafts before it accepted), per position, from a run's counts.
-
-    Acceptance is bursty (long fully accepted runs, then a miss), so this conditional profile
-    predicts tokens per round far better than one i.i.d. rate.
-    """
-    out = []
-    for tested, accepted in zip(tested_at, accepted_at + [0] * len(tested_at)):
-        if tested == 0:
-            break
-        out.append(accepted / tested)
-    return out
+    """P(draft i accepted | drafts before it accepted), per position, from a run's counts."""
+    return [a / t for t, a in zip(tested_at, accepted_at + [0] * len(tested_at)) if t]
 
 
-def expected_tokens(profile: list[float], k: int) -> float:
-    """Expected tokens per round with K drafts: 1 + sum over i of P(first i all accepted)."""
-    total, run = 1.0, 1.0
-    for i in range(k):
-        run *= profile[i] if i < len(profile) else (profile[-1] if profile else 0.0)
-        total += run
-    return total
-
-
-def predict_speedup(costs: dict, profile: list[float], k: int) -> float:
-    t1 = costs["target"][1]
-    tk = _interp(costs["target"], k + 1)
-    return expected_tokens(profile, k) * t1 / (k * costs["draft"] + tk)
-
-
-def _interp(table: dict, n: int) -> float:
-    keys = sorted(table)
-    if n in table:
-        return table[n]
-    lo = max([k for k in keys if k <= n], default=keys[0])
-    hi = min([k for k in keys if k >= n], default=keys[-1])
-    if hi == lo:
-        return table[lo] * n / lo
-    return table[lo] + (table[hi] - table[lo]) * (n - lo) / (hi - lo)
+def predicted_speedup(costs, t: Totals, draft_cost: float) -> Optional[float]:
+    """Cost-model speedup of a run with its observed drafts and tokens per pass."""
+    if not t.passes or costs is None:
+        return None
+    k_eff = t.drafted / t.passes
+    per_token = (k_eff * draft_cost + costs.t(k_eff + 1)) / (t.tokens / t.passes)
+    return costs.t(1) / per_token
 
 
 def run_bench(engine, prompts: list[str], *, max_tokens: int, sampling: SamplingParams,
-              raw: bool, repeats: int = 1, log=print) -> dict:
-    K = engine.spec.draft_max
-    first = engine.prompt_tokens(prompts[0], raw=raw)
-    costs = calibrate(engine, first, [K, 4, 8, 16, 32]) if engine.draft else None
-    plain, spec = Totals(), Totals()
-    for r in range(repeats):
-        for i, prompt in enumerate(prompts):
-            order = [("plain", False), ("spec", True)]
-            if (i + r) % 2:
-                order.reverse()
-            for name, speculative in order:
-                out = engine.generate(prompt, max_tokens=max_tokens, sampling=sampling,
-                                      raw=raw, speculative=speculative)
-                (spec if speculative else plain).add(out.stats)
-            log(f"  prompt {i + 1}/{len(prompts)}: plain {plain.per_prompt[-1]:.1f} tok/s, "
-                f"speculative {spec.per_prompt[-1]:.1f} tok/s")
-    result = {
-        "plain": {"tokens_per_second": plain.tps, "tokens": plain.tokens,
-                  "outside_llama_share": plain.outside_share},
-        "speculative": {"tokens_per_second": spec.tps, "tokens": spec.tokens,
-                        "acceptance_rate": spec.accepted / spec.drafted if spec.drafted else 0,
-                        "tokens_per_pass": spec.tokens / spec.passes if spec.passes else 0,
-                        "drafts_per_pass": spec.drafted / spec.passes if spec.passes else 0,
-                        "outside_llama_share": spec.outside_share,
-                        "draft_seconds": spec.draft_seconds,
-                        "verify_seconds": spec.verify_seconds},
-        "speedup": spec.tps / plain.tps if plain.tps else 0.0,
-        "draft_max": K,
-        "max_tokens": max_tokens,
-        "prompts": len(prompts) * repeats,
+              raw: bool, ks: list[int], repeats: int = 1, peers: bool = True,
+              log=print) -> dict:
+    from .backend import LlamaCppPythonPeer
+    from .drafters import calibrate_cached
+    from .engine import Engine
+
+    configs = make_configs(ks, engine.draft is not None, peers)
+    engines = {c.name: Engine(engine.target, engine.draft, c.spec) for c in configs
+               if c.spec is not None}
+    peer_objs = {}
+    try:
+        for c in configs:
+            if c.peer:
+                peer_objs[c.name] = LlamaCppPythonPeer(
+                    engine.target.path, n_ctx=2048, n_threads=engine.target.config.n_threads,
+                    prompt_lookup=c.peer == "lookup")
+        costs = calibrate_cached(engine.target, engine.draft)
+        totals = {c.name: Totals() for c in configs}
+        token_prompts = [engine.prompt_tokens(p, raw=raw) for p in prompts]
+        for r in range(repeats):
+            for i, prompt in enumerate(prompts):
+                shift = (i + r) % len(configs)
+                for c in configs[shift:] + configs[:shift]:
+                    if c.peer:
+                        totals[c.name].add_peer(*peer_objs[c.name].generate(
+                            token_prompts[i], max_tokens))
+                        continue
+                    eng = engines.get(c.name, engine)
+                    out = eng.generate(prompt, max_tokens=max_tokens, sampling=sampling,
+                                       raw=raw, speculative=c.spec is not None)
+                    totals[c.name].add(out.stats)
+                log(f"  prompt {i + 1}/{len(prompts)}" + (f" (repeat {r + 1})" if repeats > 1
+                                                          else "") + ": " +
+                    ", ".join(f"{c.name} {totals[c.name].per_prompt[-1]:.1f}" for c in configs)
+                    + " tok/s")
+    finally:
+        for p in peer_objs.values():
+            p.close()
+
+    plain = totals["plain"].tps
+    rows = {}
+    for c in configs:
+        t = totals[c.name]
+        row = {"tokens_per_second": t.tps, "speedup": t.tps / plain if plain else 0.0,
+               "tokens": t.tokens}
+        if c.spec is not None or c.name == "plain":
+            row["outside_llama_share"] = 1 - t.llama_seconds / t.seconds if t.seconds else 0
+        if c.spec is not None:
+            draft_cost = (costs.draft if c.spec.drafter == "model" else
+                          t.draft_seconds / t.drafted if t.drafted else 0.0)
+            row.update({
+                "acceptance_rate": t.accepted / t.drafted if t.drafted else 0.0,
+                "tokens_per_pass": t.tokens / t.passes if t.passes else 0.0,
+                "drafts_per_pass": t.drafted / t.passes if t.passes else 0.0,
+                "acceptance_by_position": position_acceptance(t.tested_at, t.accepted_at),
+                "predicted_speedup": predicted_speedup(costs, t, draft_cost),
+            })
+        if c.k is not None:
+            row["k"] = c.k
+        rows[c.name] = row
+    return {
+        "configs": rows,
+        "costs": {"target_seconds_by_batch": dict(sorted(costs.target.items())),
+                  "draft_seconds_per_token": costs.draft,
+                  "draft_to_target_cost": costs.draft / costs.t(1)},
+        "max_tokens": max_tokens, "prompts": len(prompts) * repeats,
+        "temperature": sampling.temperature,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "model_files_mib": sum(Path(m.path).stat().st_size for m in
+                               (engine.target, engine.draft) if m) / 2**20,
     }
-    if costs:
-        profile = position_acceptance(spec.tested_at, spec.accepted_at)
-        result["speculative"]["acceptance_by_position"] = profile
-        k_eff = result["speculative"]["drafts_per_pass"]
-        t1 = costs["target"][1]
-        # Prediction for this run: its mean draft length and tokens per pass, isolated costs.
-        per_token = (k_eff * costs["draft"] + _interp(costs["target"], round(k_eff) + 1)) \
-            / max(result["speculative"]["tokens_per_pass"], 1e-9)
-        result["cost_model"] = {
-            "target_seconds_by_batch": costs["target"], "draft_seconds_per_token":
-                costs["draft"], "draft_to_target_cost": costs["draft"] / t1,
-            "predicted_speedup": t1 / per_token,
-            "predicted_speedup_by_k": {k: predict_speedup(costs, profile, k)
-                                       for k in (4, 8, 16, 32) if k <= max(len(profile), 1)},
-        }
-    result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    result["model_files_mib"] = sum(Path(m.path).stat().st_size for m in
-                                    (engine.target, engine.draft) if m) / 2**20
-    return result
 
 
 def format_report(res: dict) -> str:
-    p, s = res["plain"], res["speculative"]
-    lines = [
-        f"{'':14}{'tok/s':>8}{'accept':>8}{'tok/pass':>10}{'outside llama.cpp':>19}",
-        f"{'plain':14}{p['tokens_per_second']:8.1f}{'':>8}{1.0:10.2f}"
-        f"{p['outside_llama_share']:19.1%}",
-        f"{'speculative':14}{s['tokens_per_second']:8.1f}{s['acceptance_rate']:8.0%}"
-        f"{s['tokens_per_pass']:10.2f}{s['outside_llama_share']:19.1%}",
-        f"speedup {res['speedup']:.2f}x  (draft_max {res['draft_max']}, "
-        f"{s['drafts_per_pass']:.1f} drafts/pass, {res['prompts']} prompts × "
-        f"{res['max_tokens']} tokens)",
+    head = (f"{'':24}{'tok/s':>7}{'speedup':>9}{'predicted':>10}{'accept':>8}{'tok/pass':>9}"
+            f"{'outside llama.cpp':>19}")
+    lines = [head]
+    for name, r in res["configs"].items():
+        pred = r.get("predicted_speedup")
+        lines.append(
+            f"{name:24}{r['tokens_per_second']:7.1f}{r['speedup']:8.2f}x"
+            f"{(f'{pred:.2f}x' if pred else ''):>10}"
+            f"{(format(r['acceptance_rate'], '.0%') if 'acceptance_rate' in r else ''):>8}"
+            f"{(format(r['tokens_per_pass'], '.2f') if 'tokens_per_pass' in r else ''):>9}"
+            f"{(format(r['outside_llama_share'], '.1%') if 'outside_llama_share' in r else ''):>19}")
+    c = res["costs"]
+    tb = ", ".join(f"{n}: {1000 * v:.1f}" for n, v in c["target_seconds_by_batch"].items())
+    lines += [
+        f"costs (ms): target pass by batch size [{tb}]; draft {1000 * c['draft_seconds_per_token']:.1f}"
+        f" per token ({c['draft_to_target_cost']:.2f} of a target token)",
+        f"{res['prompts']} prompts × {res['max_tokens']} tokens, temperature "
+        f"{res['temperature']}; peak RSS {res['peak_rss_mib']:.0f} MiB (model files "
+        f"{res['model_files_mib']:.0f} MiB)",
     ]
-    cm = res.get("cost_model")
-    if cm:
-        tb = ", ".join(f"n={n}: {1000 * v:.1f}" for n, v in cm["target_seconds_by_batch"].items())
-        lines += [
-            f"cost model: target ms per pass [{tb}]; draft {1000 * cm['draft_seconds_per_token']:.1f}"
-            f" ms/token ({cm['draft_to_target_cost']:.2f} of a target token)",
-            f"  predicted speedup for this run {cm['predicted_speedup']:.2f}x (measured "
-            f"{res['speedup']:.2f}x); with this run's acceptance profile: " +
-            ", ".join(f"K={k} {v:.2f}x" for k, v in cm["predicted_speedup_by_k"].items()),
-        ]
-    lines.append(f"peak RSS {res['peak_rss_mib']:.0f} MiB (model files "
-                 f"{res['model_files_mib']:.0f} MiB, overhead "
-                 f"{res['peak_rss_mib'] - res['model_files_mib']:.0f} MiB)")
     return "\n".join(lines)
 
 
+def _pyplot():
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        from .errors import EdgespecError
+        raise EdgespecError("--plot needs matplotlib: pip install 'edgespec[plot]'") from None
+    return plt
+
+
+def plot(res: dict, path: str) -> None:
+    """Speedup against pinned draft length, with the other configurations as lines."""
+    plt = _pyplot()
+    rows = res["configs"]
+    fixed = sorted((r["k"], r["speedup"]) for r in rows.values() if "k" in r)
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    if fixed:
+        ax.plot([k for k, _ in fixed], [s for _, s in fixed], "o-", label="draft length pinned")
+    styles = iter(["--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1))])
+    for name, r in rows.items():
+        if "k" not in r and name != "plain":
+            ax.axhline(r["speedup"], linestyle=next(styles, "--"), label=name, alpha=0.8)
+    ax.axhline(1.0, color="grey", linewidth=1, label="plain")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("draft tokens per round (K)")
+    ax.set_ylabel("speedup over plain decoding")
+    ax.set_title("edgespec bench")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def cmd_bench(args) -> int:
-    from .cli import _status, load_engine
+    from .cli import UsageError, _status, load_engine
     sampling = SamplingParams(temperature=args.temperature, seed=args.seed)
+    try:
+        ks = [int(k) for k in args.ks.split(",") if k]
+    except ValueError:
+        raise UsageError(f"--ks must be comma-separated integers, got {args.ks!r}") from None
+    if args.plot:
+        _pyplot()  # fail before an hour of benchmarking, not after
     with load_engine(args, _status) as eng:
         raw = args.raw or eng.template.is_fallback
         prompts = PROMPT_SETS[args.prompts]
         log = (lambda s: None) if args.json else _status
         log(f"target {eng.target.path.name}, draft "
-            f"{eng.draft.path.name if eng.draft else '-'}, {len(prompts)} prompts, "
-            f"{'raw' if raw else 'chat'} mode, temperature {args.temperature}")
+            f"{eng.draft.path.name if eng.draft else '-'}, backend {eng.info()['backend']}, "
+            f"{len(prompts)} '{args.prompts}' prompts, {'raw' if raw else 'chat'} mode")
         res = run_bench(eng, prompts, max_tokens=args.max_tokens, sampling=sampling, raw=raw,
-                        repeats=args.repeats, log=log)
-    if args.json:
-        print(json.dumps(res))
-    else:
-        print(format_report(res))
+                        ks=ks, repeats=args.repeats, peers=not args.no_peers, log=log)
+    if args.plot:
+        plot(res, args.plot)
+    print(json.dumps(res) if args.json else format_report(res))
     return 0
 
 
 def build_bench_parser(sub) -> None:
     from .cli import add_model_args
-    p = sub.add_parser("bench", help="measure plain vs speculative decoding side by side")
-    p.add_argument("--prompts", choices=sorted(PROMPT_SETS), default="default")
+    p = sub.add_parser("bench", help="measure every decoding configuration side by side")
+    p.add_argument("--prompts", choices=sorted(PROMPT_SETS), default="default",
+                   help="built-in prompt set (default: default)")
     p.add_argument("--max-tokens", "-n", type=int, default=128)
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--ks", default="2,4,8,16", help="pinned draft lengths to compare")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--raw", action="store_true", help="no chat template")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--no-peers", action="store_true",
+                   help="skip llama-cpp-python's own plain and prompt-lookup decoding")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--plot", metavar="FILE.png", help="draw speedup against draft length")
     add_model_args(p)
     p.set_defaults(func=cmd_bench)
 

@@ -37,11 +37,18 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pair", help="a registry pair name (see `edgespec pairs`)")
     g.add_argument("--target", help="path to the target GGUF")
     g.add_argument("--draft", help="path to the draft GGUF (shares the target's tokenizer)")
-    g.add_argument("--drafter", choices=["model", "ngram", "none"],
-                   help="where drafts come from (default: model when a draft is given)")
-    g.add_argument("--draft-max", type=int, metavar="K", help="most tokens drafted per round")
-    g.add_argument("--draft-p-min", type=float, metavar="P",
-                   help="stop drafting when the draft's top probability is below P")
+    g.add_argument("--drafter", choices=["model", "ngram", "hybrid", "none"],
+                   help="where drafts come from: a draft model (default when --draft is "
+                        "given), n-gram prompt lookup (no draft model needed), hybrid (long "
+                        "n-gram matches, else the model), none (plain decoding)")
+    g.add_argument("--draft-max", type=int, metavar="K",
+                   help="pin the draft length to K tokens per round (default: chosen each "
+                        "round by a cost model, 0 to 32)")
+    g.add_argument("--no-adaptive", action="store_true",
+                   help="pin the draft length to 16 instead of the cost model")
+    g.add_argument("--draft-p-min", type=float, default=0.0, metavar="P",
+                   help="with a pinned length: stop drafting when the draft's top probability "
+                        "is below P (default 0)")
     g.add_argument("--ctx-size", "-c", type=int, default=4096, metavar="N",
                    help="context size in tokens (default 4096)")
     g.add_argument("--threads", "-t", type=int, metavar="N", help="CPU threads for llama.cpp")
@@ -98,7 +105,8 @@ def load_engine(args, status: Callable[[str], None]):
                        drafter=drafter, n_ctx=args.ctx_size, n_threads=args.threads,
                        n_gpu_layers=args.n_gpu_layers,
                        draft_n_gpu_layers=args.draft_n_gpu_layers,
-                       draft_max=args.draft_max, p_min=args.draft_p_min,
+                       draft_max=args.draft_max, adaptive=not args.no_adaptive,
+                       p_min=args.draft_p_min,
                        verbose=args.verbose)
 
 
@@ -171,43 +179,7 @@ def build_run_parser(sub) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# edgespec pull / pairs (registry models that need no hub)
-
-
-def cmd_pull(args) -> int:
-    from .pairs import ensure_model, registry
-    reg = registry()
-    for name in args.names:
-        models = ([reg.pairs[name].target, reg.pairs[name].draft] if name in reg.pairs
-                  else [reg.model(name).name])
-        for m in models:
-            path = ensure_model(m, show_progress=sys.stderr.isatty(), log=_status)
-            print(f"{m}: {path}")
-    return 0
-
-
-def cmd_pairs(args) -> int:
-    from .pairs import model_path, registry
-    reg = registry()
-    for p in reg.pairs.values():
-        paths = [model_path(p.target), model_path(p.draft)]
-        have = all(x.is_file() for x in paths)
-        print(f"{p.name:16} {'downloaded' if have else 'not downloaded':15} {p.description}")
-        for role, x in zip(("target", "draft"), paths):
-            print(f"    {role:6} {x}{'' if x.is_file() else '  (missing)'}")
-    return 0
-
-
-# ---------------------------------------------------------------------------------------------
 # entry point
-
-
-def build_models_parsers(sub) -> None:
-    p = sub.add_parser("pull", help="fetch a registry pair or model")
-    p.add_argument("names", nargs="+", metavar="NAME")
-    p.set_defaults(func=cmd_pull)
-    p = sub.add_parser("pairs", help="list the registry's pairs and whether they are local")
-    p.set_defaults(func=cmd_pairs)
 
 
 # Each subcommand family registers its own parsers: (module, function taking the subparsers).
@@ -215,8 +187,10 @@ def build_models_parsers(sub) -> None:
 # the HTTP stack) stay inside its command function.
 COMMANDS = [
     ("edgespec.cli", "build_run_parser"),
-    ("edgespec.cli", "build_models_parsers"),
+    ("edgespec.cli_models", "build_models_parsers"),
     ("edgespec.bench", "build_bench_parser"),
+    ("edgespec.tui.command", "build_chat_parser"),
+    ("edgespec.server.command", "build_serve_parser"),
 ]
 
 

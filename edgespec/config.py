@@ -97,20 +97,41 @@ class SamplingParams:
 class SpecConfig:
     """How drafts are made and how long they are.
 
-    ``draft_max`` is the most tokens drafted per round; ``p_min`` stops a draft early when the
-    draft model's own probability of the token it picked falls below it (llama.cpp's
-    ``--draft-p-min``). ``drafter='none'`` is plain target decoding.
+    ``drafter``: ``model`` (a draft model), ``ngram`` (prompt lookup), ``hybrid`` (an n-gram
+    match when there is a long one, else the model) or ``none`` (plain target decoding).
+    Draft length: with ``draft_max=None`` and ``adaptive=True`` (the default) a cost model picks
+    each round's K in [0, ``k_max``]; ``draft_max=K`` pins K, and ``adaptive=False`` pins it to
+    ``FIXED_DEFAULT``. With a pinned K, ``p_min`` stops a draft early when the draft model's top
+    probability falls below it (llama.cpp's ``--draft-p-min``).
     """
 
+    FIXED_DEFAULT = 16
+
     drafter: str = "model"
-    draft_max: int = 16
+    draft_max: int | None = None
+    adaptive: bool = True
     p_min: float = 0.0
+    k_max: int = 32
 
     def __post_init__(self) -> None:
         if self.drafter not in DRAFTERS:
             raise InvalidParameterError("drafter", self.drafter, "one of " + ", ".join(DRAFTERS))
-        _check_int("draft_max", self.draft_max, 0, 256, valid="an integer in [0, 256]")
+        if self.draft_max is not None:
+            _check_int("draft_max", self.draft_max, 0, 256, valid="an integer in [0, 256]")
         _check_real("p_min", self.p_min, 0.0, 1.0, valid="a number in [0, 1]")
+        _check_int("k_max", self.k_max, 1, 256, valid="an integer in [1, 256]")
+
+    @property
+    def is_adaptive(self) -> bool:
+        return self.adaptive and self.draft_max is None
+
+    @property
+    def fixed_k(self) -> int:
+        return self.FIXED_DEFAULT if self.draft_max is None else self.draft_max
+
+    @property
+    def most_drafts(self) -> int:
+        return self.k_max if self.is_adaptive else self.fixed_k
 
 
 def default_threads() -> int:

@@ -1,16 +1,29 @@
-"""Drafters: where the K proposed tokens of a round come from.
+"""Drafters, and the policy that decides how long each draft is.
 
 A drafter proposes up to ``k`` tokens after the committed context and returns, for each, the
-distribution q it was drawn from (one-hot when it has no probabilities). The decision to stop
-drafting early may depend only on the draft's distribution at that position, never on the
-token drawn from it: stopping on the sampled token would make the proposals a biased sample of
-q and break the losslessness of rejection sampling.
+distribution q it was drawn from (one-hot when it has no probabilities). It asks the policy
+before each token whether to go on. That decision may depend only on the draft's distribution
+at that position (its confidence), never on the token drawn from it: stopping on the drawn
+token's own probability would make the proposals a biased sample of q and break the
+losslessness of rejection sampling (worked example in tests/test_drafters.py).
+
+Policies:
+
+* :class:`FixedLength` — K tokens per round, optionally cut when the draft's top probability
+  falls below ``p_min`` (llama.cpp's ``--draft-p-min``).
+* :class:`AdaptiveLength` — a cost model. It knows the target's time for a batch of n tokens
+  and the draft's time per token (calibrated at load, refined online) and tracks acceptance
+  per draft position and per draft-confidence level (both decaying). Each round it plans the
+  K that maximises expected tokens per second — K = 0, plain decoding, when nothing pays;
+  old evidence fades even then, so it re-probes and notices when acceptance recovers — and
+  stops a draft early when no continuation is worth its time at the planned rate.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Protocol, Sequence
+from dataclasses import dataclass, field
+from typing import Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -30,13 +43,284 @@ def top_probability(logits: np.ndarray) -> float:
     return float(1.0 / np.exp(near - m, dtype=np.float32).sum(dtype=np.float64))
 
 
+# ---------------------------------------------------------------------------------------------
+# Draft-length policies
+
+
+class LengthPolicy(Protocol):
+    """Decides how many tokens to draft; learns from each verified round."""
+
+    def plan(self) -> int:
+        """Most tokens to draft this round (0: decode this round with the target alone)."""
+
+    def keep_drafting(self, i: int, confidence: float) -> bool:
+        """Before drawing draft token ``i`` (0-based) whose distribution has this confidence."""
+
+    def observe(self, k: int, n: int, confidences: Sequence[float], draft_step_seconds:
+                Sequence[float], verify_seconds: float) -> None:
+        """A round drafted ``k`` tokens, ``n`` were accepted; what each part cost."""
+
+
+class FixedLength:
+    """K tokens per round, cut when the draft's top probability is below ``p_min``."""
+
+    needs_confidence = False
+
+    def __init__(self, k: int, p_min: float = 0.0):
+        self.k, self.p_min = k, p_min
+        self.needs_confidence = p_min > 0
+
+    def plan(self) -> int:
+        return self.k
+
+    def keep_drafting(self, i: int, confidence: float) -> bool:
+        return confidence >= self.p_min
+
+    def observe(self, k, n, confidences, draft_step_seconds, verify_seconds) -> None:
+        pass
+
+
+@dataclass
+class Costs:
+    """Seconds per call: the target's per batch size (sparse, interpolated), the draft's per
+    token. Refined online with exponential moving averages."""
+
+    target: dict[int, float]
+    draft: float
+    ema: float = 0.2
+
+    def t(self, n):
+        """Seconds for a target pass of ``n`` tokens (scalar or array): linear between measured
+        sizes, extended along the last segment beyond them."""
+        keys = np.array(sorted(self.target), dtype=float)
+        vals = np.array([self.target[k] for k in sorted(self.target)])
+        out = np.interp(n, keys, vals)
+        if keys.size > 1:
+            slope = (vals[-1] - vals[-2]) / (keys[-1] - keys[-2])
+            out = np.where(np.asarray(n) > keys[-1], vals[-1] + slope * (np.asarray(n) - keys[-1]),
+                           out)
+        return float(out) if np.ndim(out) == 0 else out
+
+    def observe_target(self, n: int, seconds: float) -> None:
+        old = self.t(n)
+        self.target[n] = old + self.ema * (seconds - old)
+
+    def observe_draft(self, seconds: float) -> None:
+        self.draft += self.ema * (seconds - self.draft)
+
+
+class _Decayed:
+    """Acceptance counts per bucket that fade with age, shrunk towards a prior.
+
+    ``rates(prior)`` returns (accepted + s·prior) / (tested + s) per bucket, so a bucket with
+    little recent evidence falls back to the prior (a scalar or one value per bucket).
+    ``rates(prior, z)`` adds z standard errors: an optimistic estimate while evidence is thin.
+    """
+
+    def __init__(self, n: int, strength: float):
+        self.tested = np.zeros(n)
+        self.accepted = np.zeros(n)
+        self.strength = strength
+
+    def rates(self, prior, z: float = 0.0) -> np.ndarray:
+        """Shrunk rates, raised by ``z`` standard errors (an upper confidence bound)."""
+        s = self.strength
+        n = self.tested + s
+        r = (self.accepted + s * np.asarray(prior)) / n
+        return np.minimum(1.0, r + z * np.sqrt(r * (1 - r) / n)) if z else r
+
+    def pooled(self, prior: float) -> float:
+        s = self.strength
+        return float((self.accepted.sum() + s * prior) / (self.tested.sum() + s))
+
+    def add(self, bucket: int, accepted: bool) -> None:
+        self.tested[bucket] += 1
+        self.accepted[bucket] += accepted
+
+    def age(self, decay: float) -> None:
+        self.tested *= decay
+        self.accepted *= decay
+
+
+@dataclass
+class AdaptiveLength:
+    """Cost-model draft length (see the module docstring).
+
+    Acceptance per position is shrunk towards the pooled acceptance of all positions, which
+    is shrunk towards ``prior`` (optimistic, so that a new pair gets tried). Evidence fades
+    with ``decay`` per drafting round and with the slower ``idle_decay`` per plain round: after
+    a long stretch of plain decoding the estimates drift back to the prior and the policy
+    re-probes by itself, rarely; a pair that could not pay even at the prior acceptance
+    (a draft as slow as the target) is not probed at all. All estimates are upper confidence
+    bounds (``z`` standard errors). The confidence gate starts fully trusting and learns
+    which confidence levels get rejected.
+    """
+
+    costs: Costs
+    k_max: int = 32
+    prior: float = 0.9
+    decay: float = 0.98
+    idle_decay: float = 0.998
+    z: float = 1.0
+    needs_confidence: bool = True
+    _n_bins: int = 10
+    _pos: _Decayed = field(init=False)
+    _conf: _Decayed = field(init=False)
+    _rate: float = field(init=False, default=0.0)
+    _reach: float = field(init=False, default=1.0)
+    _planned: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        self._pos = _Decayed(self.k_max, strength=8.0)
+        self._conf = _Decayed(self._n_bins, strength=2.0)
+
+    # -- the model ------------------------------------------------------------------------
+
+    def position_rates(self) -> np.ndarray:
+        """Acceptance per position, shrunk towards the pooled rate of all positions and raised
+        by the pooled rate's standard error: while evidence is thin the policy gives drafting
+        the benefit of the doubt, so a few unlucky rejections cannot stop it for good."""
+        pooled = self._pos.pooled(self.prior)
+        n = self._pos.tested.sum() + self._pos.strength
+        bonus = self.z * np.sqrt(pooled * (1 - pooled) / n)
+        return np.minimum(1.0, self._pos.rates(pooled) + bonus)
+
+    def expected(self, k: int) -> tuple[float, float]:
+        """(expected tokens, expected seconds) of a round that drafts k tokens."""
+        reach = np.cumprod(self.position_rates()[:k])
+        return 1.0 + float(reach.sum()), k * self.costs.draft + self.costs.t(k + 1)
+
+    def best(self) -> tuple[int, float]:
+        """The K in [0, k_max] with the highest expected tokens per second, and that rate."""
+        ks = np.arange(0, self.k_max + 1)
+        tokens = 1.0 + np.concatenate(([0.0], np.cumsum(np.cumprod(self.position_rates()))))
+        rate = tokens / (ks * self.costs.draft + self.costs.t(ks + 1))
+        k = int(np.argmax(rate))
+        return k, float(rate[k])
+
+    def _acceptance_at(self, confidence: float) -> float:
+        b = min(int(confidence * self._n_bins), self._n_bins - 1)
+        return float(self._conf.rates(1.0, z=self.z)[b])
+
+    # -- the policy -----------------------------------------------------------------------
+
+    def plan(self) -> int:
+        k, self._rate = self.best()
+        self._planned = k
+        self._reach = 1.0
+        return k
+
+    def keep_drafting(self, i: int, confidence: float) -> bool:
+        """Draw token i only if some continuation of the draft is worth its time.
+
+        A continuation to k drafts in total gains the expected extra accepted tokens and
+        costs the extra draft steps (the one that produced this position is already spent)
+        plus the larger verify pass; it is worth it when gain > rate × cost, with the planned
+        rate as the value of time. Draft costs are not convex (the first extra verify row
+        costs more than later ones), so every continuation up to the plan is considered,
+        not just the next token.
+        """
+        reach = self._reach * self._acceptance_at(confidence)
+        ks = np.arange(i + 1, self._planned + 1)
+        if ks.size == 0:
+            return False
+        later = self.position_rates()[i + 1:self._planned]
+        reach_each = reach * np.concatenate(([1.0], np.cumprod(later)))[:ks.size]
+        gain = np.cumsum(reach_each)
+        cost = (ks - i - 1) * self.costs.draft + self.costs.t(ks + 1) - self.costs.t(i + 1)
+        if float(np.max(gain - self._rate * cost)) <= 0.0:
+            return False
+        self._reach = reach
+        return True
+
+    def observe(self, k, n, confidences, draft_step_seconds, verify_seconds) -> None:
+        self.costs.observe_target(k + 1, verify_seconds)
+        decay = self.decay if k else self.idle_decay
+        self._pos.age(decay)
+        self._conf.age(decay)
+        for i in range(min(k, n + 1)):
+            self._pos.add(min(i, self.k_max - 1), i < n)
+        for i, c in enumerate(confidences[:min(k, n + 1)]):
+            self._conf.add(min(int(c * self._n_bins), self._n_bins - 1), i < n)
+        for s in draft_step_seconds:
+            self.costs.observe_draft(s)
+
+
+def calibrate(target: LlamaModel, draft: Optional[LlamaModel],
+              sizes: Sequence[int] = (1, 2, 4, 8, 16, 33), reps: int = 2) -> Costs:
+    """Measure the target's seconds per batch of n tokens and the draft's per token.
+
+    Uses the models' caches after their current contents and restores them afterwards.
+    """
+    def timed(model: LlamaModel, n: int) -> float:
+        base = len(model.tokens)
+        tok = model.vocab.bos if model.vocab.bos >= 0 else 0
+        best = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            model.eval([tok] * n, min(n, model.n_outputs_max))
+            best = min(best, time.perf_counter() - t0)
+            model.truncate(base)
+        return best
+
+    sizes = [n for n in sizes if n <= min(target.n_outputs_max, target.n_batch)]
+    target_costs = {n: timed(target, n) for n in sizes}
+    draft_cost = timed(draft, 1) if draft is not None else 1e-4
+    return Costs(target_costs, draft_cost)
+
+
+def _cache_file():
+    import os
+    from pathlib import Path
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "edgespec" / "calibration.json"
+
+
+def _fingerprint(model: LlamaModel) -> str:
+    st = model.path.stat()
+    c = model.config
+    return f"{model.path.resolve()}|{st.st_size}|{int(st.st_mtime)}|t{c.n_threads}|" \
+           f"ngl{c.n_gpu_layers}"
+
+
+def calibrate_cached(target: LlamaModel, draft: Optional[LlamaModel]) -> Costs:
+    """:func:`calibrate`, remembered per model file, threads and offload in the user's cache
+    directory so that only the first load of a pair on a machine pays for it (~1 s)."""
+    import json
+    path = _cache_file()
+    key = _fingerprint(target) + "||" + (_fingerprint(draft) if draft is not None else "-")
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        saved = {}
+    entry = saved.get(key)
+    if isinstance(entry, dict) and "target" in entry and "draft" in entry:
+        return Costs({int(n): float(v) for n, v in entry["target"].items()}, float(entry["draft"]))
+    costs = calibrate(target, draft)
+    saved[key] = {"target": costs.target, "draft": costs.draft}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(saved, indent=1))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only home only costs a recalibration next time
+    return Costs(dict(costs.target), costs.draft)
+
+
+# ---------------------------------------------------------------------------------------------
+# Drafters
+
+
 class Drafter(Protocol):
     """What the speculative loop needs from a source of draft tokens."""
 
     seconds: float
+    step_seconds: list[float]     # per single-token draft step of the last draft() call
+    confidences: list[float]      # confidence of each proposed token of the last call
 
     def draft(self, context: Sequence[int], k: int, params: SamplingParams,
-              rng: np.random.Generator) -> tuple[list[int], list[Dist]]:
+              rng: np.random.Generator, policy: LengthPolicy) -> tuple[list[int], list[Dist]]:
         """Propose up to ``k`` tokens after ``context``; return them and their q."""
 
     def rollback(self, n_keep: int) -> None:
@@ -44,21 +328,22 @@ class Drafter(Protocol):
 
 
 class ModelDrafter:
-    """A small model that shares the target's tokenizer samples K tokens from its own q.
+    """A small model that shares the target's tokenizer samples tokens from its own q.
 
     Its KV cache follows the same invariant as the target's: it holds a prefix of the
     committed context; the missing tail (at least the last committed token) is fed at the
     start of the next draft.
     """
 
-    def __init__(self, model: LlamaModel, eog: frozenset[int], p_min: float = 0.0):
+    def __init__(self, model: LlamaModel, eog: frozenset[int]):
         self.model = model
         self.eog = eog
-        self.p_min = p_min
         self.seconds = 0.0
+        self.step_seconds: list[float] = []
+        self.confidences: list[float] = []
 
     def draft(self, context: Sequence[int], k: int, params: SamplingParams,
-              rng: np.random.Generator) -> tuple[list[int], list[Dist]]:
+              rng: np.random.Generator, policy: LengthPolicy) -> tuple[list[int], list[Dist]]:
         t0 = time.perf_counter()
         m = self.model
         n_cached = len(m.tokens)
@@ -66,26 +351,33 @@ class ModelDrafter:
         row = m.eval(context[n_cached:], 1)[0]
         x: list[int] = []
         q: list[Dist] = []
+        self.step_seconds = steps = []
+        self.confidences = confs = []
+        need_conf = getattr(policy, "needs_confidence", True)
         plain_greedy = params.greedy and not params.uses_penalty
         tail = list(context[-params.repeat_last_n:]) if params.uses_penalty else []
         for i in range(k):
+            # The stop decision uses only this position's distribution (see module docstring).
             if plain_greedy:
-                if self.p_min > 0 and top_probability(row) < self.p_min:
-                    break
                 q_i = Dist.one_hot(int(np.argmax(row)))
+                confidence = top_probability(row) if need_conf else 1.0
             else:
                 q_i = warp(row, params, tail)
-                confidence = (top_probability(row) if params.greedy else float(q_i.probs.max()))
-                if confidence < self.p_min:
-                    break
+                confidence = ((top_probability(row) if params.greedy else
+                               float(q_i.probs.max())) if need_conf else 1.0)
+            if not policy.keep_drafting(i, confidence):
+                break
             x_i = q_i.sample(rng)
             x.append(x_i)
             q.append(q_i)
+            confs.append(confidence)
             if x_i in self.eog or i == k - 1:
                 break
             if tail:
                 tail.append(x_i)
+            ts = time.perf_counter()
             row = m.eval([x_i], 1)[0]
+            steps.append(time.perf_counter() - ts)
         self.seconds += time.perf_counter() - t0
         return x, q
 
@@ -95,35 +387,74 @@ class ModelDrafter:
 
 class NgramDrafter:
     """Prompt lookup: propose the continuation of the latest earlier occurrence of the context's
-    last n tokens (n from ``ngram_max`` down to ``ngram_min``). Needs no model; q is one-hot.
+    last n tokens (n from ``ngram_max`` down to ``ngram_min``). Needs no model; q is one-hot,
+    so under sampling a proposal x is accepted with probability p(x).
     """
 
     def __init__(self, ngram_min: int = 2, ngram_max: int = 4, window: int = 4096):
         self.ngram_min, self.ngram_max, self.window = ngram_min, ngram_max, window
         self.seconds = 0.0
+        self.step_seconds: list[float] = []
+        self.confidences: list[float] = []
+        self.last_match = 0
 
     def draft(self, context: Sequence[int], k: int, params: SamplingParams,
-              rng: np.random.Generator) -> tuple[list[int], list[Dist]]:
+              rng: np.random.Generator, policy: LengthPolicy) -> tuple[list[int], list[Dist]]:
         t0 = time.perf_counter()
         x = self.lookup(context, k)
+        self.confidences = [1.0] * len(x)
+        self.step_seconds = []
         self.seconds += time.perf_counter() - t0
         return x, [Dist.one_hot(t) for t in x]
 
     def lookup(self, context: Sequence[int], k: int) -> list[int]:
+        """The continuation after the longest, most recent earlier match of the context's tail."""
+        self.last_match = 0
         if k <= 0:
             return []
         hay = np.asarray(context[-self.window:], dtype=np.int64)
         n_hay = hay.size
         for n in range(min(self.ngram_max, n_hay - 1), self.ngram_min - 1, -1):
             pattern = hay[n_hay - n:]
-            # Candidate starts: positions where the first token matches, excluding the suffix.
             starts = np.flatnonzero(hay[: n_hay - n] == pattern[0])
             for s in starts[::-1]:
                 if np.array_equal(hay[s:s + n], pattern):
                     cont = hay[s + n: s + n + k]
                     if cont.size:
+                        self.last_match = n
                         return [int(t) for t in cont]
         return []
 
     def rollback(self, n_keep: int) -> None:
         pass
+
+
+class HybridDrafter:
+    """An n-gram match of at least ``min_match`` tokens when there is one, else the draft model.
+
+    Copying from the context (quotes, code, summaries) costs nothing to draft and is accepted
+    in long runs; everything else goes to the model.
+    """
+
+    def __init__(self, model_drafter: ModelDrafter, ngram: Optional[NgramDrafter] = None,
+                 min_match: int = 3):
+        self.model = model_drafter
+        self.ngram = ngram or NgramDrafter(ngram_min=min_match, ngram_max=max(4, min_match))
+        self.min_match = min_match
+        self.step_seconds: list[float] = []
+        self.confidences: list[float] = []
+
+    @property
+    def seconds(self) -> float:
+        return self.model.seconds + self.ngram.seconds
+
+    def draft(self, context, k, params, rng, policy):
+        x, q = self.ngram.draft(context, k, params, rng, policy)
+        source = self.ngram if x and self.ngram.last_match >= self.min_match else self.model
+        if source is self.model:
+            x, q = self.model.draft(context, k, params, rng, policy)
+        self.step_seconds, self.confidences = source.step_seconds, source.confidences
+        return x, q
+
+    def rollback(self, n_keep: int) -> None:
+        self.model.rollback(n_keep)

@@ -7,16 +7,23 @@ committed tokens through :func:`edgespec.speculative.decode` and into text throu
 kept between calls: a prompt that extends the previous one (the next chat turn) evaluates only
 its new tokens.
 
-One llama.cpp context is not thread-safe, so generations on one Engine are serialised by a
-lock; ``cancel()`` may be called from any thread and stops the running generation within one
-step.
+Threads: one llama.cpp context is not thread-safe, so the generations of one Engine take
+turns (first come, first served; see :mod:`edgespec.streams`), whichever threads call it. Each
+generation has its own cancel flag: ``Stream.cancel()`` stops that one, ``Engine.cancel()``
+the one running now; either takes effect within one decoding step and leaves the caches
+holding exactly what was generated. ``close()`` stops the running and queued generations,
+waits for the step in progress and frees both models; engines still open at interpreter exit
+are closed the same way (an ``atexit`` hook), so a generation running in a daemon thread
+cannot outlive the models it uses.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
+import weakref
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator, Mapping, Optional, Sequence, Union
@@ -26,9 +33,11 @@ import numpy as np
 from .backend import LlamaModel, backend_info, check_compatible
 from .chat import ChatTemplate, validate_messages
 from .config import ModelConfig, SamplingParams, SpecConfig, default_threads
-from .drafters import ModelDrafter, NgramDrafter
-from .errors import ContextOverflowError, EdgespecError, InvalidParameterError
+from .drafters import (AdaptiveLength, FixedLength, HybridDrafter, ModelDrafter, NgramDrafter,
+                       calibrate_cached)
+from .errors import ContextOverflowError, EngineClosedError, InvalidParameterError
 from .speculative import LoopStats, decode
+from .streams import AsyncStream, Job, Stream, Turnstile
 from .textstream import TextAssembler
 
 log = logging.getLogger(__name__)
@@ -114,37 +123,6 @@ class StreamEvent:
     from_draft: bool
 
 
-class Stream:
-    """Iterator of :class:`StreamEvent`; ``result`` holds the :class:`Generation` at the end.
-
-    Closing it (or breaking out of a ``for`` loop and dropping it) stops the generation and
-    leaves the caches consistent.
-    """
-
-    def __init__(self, engine: "Engine", events: Iterator[StreamEvent]):
-        self._engine = engine
-        self._events = events
-        self.result: Optional[Generation] = None
-
-    def __iter__(self) -> "Stream":
-        return self
-
-    def __next__(self) -> StreamEvent:
-        return next(self._events)
-
-    def close(self) -> None:
-        self._events.close()
-
-    def cancel(self) -> None:
-        self._engine.cancel()
-
-    def __enter__(self) -> "Stream":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     if n and a[:n] == b[:n]:
@@ -170,9 +148,15 @@ class Engine:
             log.warning("%s: %s; using the ChatML format", target.path.name,
                         self.template.fallback_reason)
         self.drafter = self._make_drafter()
-        self._lock = threading.RLock()
-        self._cancel = threading.Event()
+        self._policies: dict = {}
+        self._costs = (calibrate_cached(target, draft)
+                       if spec.is_adaptive and self.drafter is not None else None)
+        self._turnstile = Turnstile()
+        # Held while the models are used outside a turn (tokenizing, info) and by close()
+        # while it frees them.
+        self._life = threading.Lock()
         self._closed = False
+        _open_engines.add(self)
 
     # -- construction ---------------------------------------------------------------------
 
@@ -181,12 +165,15 @@ class Engine:
              *, pair: Optional[str] = None, n_ctx: int = 4096, n_batch: int = 512,
              n_threads: Optional[int] = None, n_gpu_layers: int = -1,
              draft_n_gpu_layers: int = -1, drafter: Optional[str] = None,
-             draft_max: Optional[int] = None, p_min: Optional[float] = None,
-             verbose: bool = False) -> "Engine":
+             draft_max: Optional[int] = None, adaptive: bool = True,
+             p_min: float = 0.0, verbose: bool = False) -> "Engine":
         """Load a target GGUF and optionally a draft GGUF (or a registry ``pair`` name).
 
         ``drafter`` is ``"model"`` (the default when a draft is given), ``"ngram"`` (prompt
-        lookup, no draft model needed) or ``"none"`` (plain decoding). Raises
+        lookup, no draft model needed), ``"hybrid"`` (n-gram matches, else the draft model)
+        or ``"none"`` (plain decoding). ``draft_max=None`` lets a cost model choose each
+        round's draft length (``adaptive=False`` pins it to 16; ``draft_max=K`` pins it to K;
+        ``p_min`` then cuts drafts whose top probability is below it). Raises
         :class:`~edgespec.errors.ModelLoadError` for files that cannot be loaded and
         :class:`~edgespec.errors.IncompatiblePairError` when the draft's tokenizer differs.
         """
@@ -199,15 +186,12 @@ class Engine:
             raise InvalidParameterError("target", None, "a path to a GGUF file (or pair=NAME)")
         if drafter is None:
             drafter = "model" if draft is not None else "none"
-        defaults = SpecConfig()
-        spec = SpecConfig(drafter=drafter,
-                          draft_max=defaults.draft_max if draft_max is None else draft_max,
-                          p_min=defaults.p_min if p_min is None else p_min)
+        spec = SpecConfig(drafter=drafter, draft_max=draft_max, adaptive=adaptive, p_min=p_min)
         if drafter in ("model", "hybrid") and draft is None:
             raise InvalidParameterError("drafter", drafter, "'ngram' or 'none' when no draft "
                                         "model is given (or pass draft=PATH)")
         threads = n_threads or default_threads()
-        n_out = max(64, spec.draft_max + 1)
+        n_out = max(64, spec.most_drafts + 1)
         t_model = LlamaModel(ModelConfig(target, n_ctx=n_ctx, n_batch=n_batch, n_threads=threads,
                                          n_gpu_layers=n_gpu_layers, n_outputs_max=n_out,
                                          verbose=verbose))
@@ -229,29 +213,62 @@ class Engine:
     def _make_drafter(self):
         kind = self.spec.drafter
         if kind == "model":
-            return ModelDrafter(self.draft, self.target.vocab.eog, self.spec.p_min)
+            return ModelDrafter(self.draft, self.target.vocab.eog)
         if kind == "ngram":
             return NgramDrafter()
         if kind == "hybrid":
-            raise InvalidParameterError("drafter", kind, "'model', 'ngram' or 'none'")
+            return HybridDrafter(ModelDrafter(self.draft, self.target.vocab.eog))
         return None
+
+    def _policy(self, sampling: SamplingParams):
+        """The draft-length policy for this kind of sampling (acceptance differs between
+        greedy and sampled decoding, so each learns its own; the measured costs are shared)."""
+        spec = self.spec
+        if not spec.is_adaptive or (sampling.seed is not None and not sampling.greedy):
+            # A seeded sample must be reproducible; the adaptive length follows measured
+            # speed, and a different K consumes the random stream differently.
+            return FixedLength(spec.fixed_k, spec.p_min)
+        key = sampling.greedy
+        if key not in self._policies:
+            k_max = min(spec.k_max, self.target.n_outputs_max - 1)
+            self._policies[key] = AdaptiveLength(self._costs, k_max=k_max)
+        return self._policies[key]
 
     # -- information ----------------------------------------------------------------------
 
     def info(self) -> dict:
         """Pair, backend and settings, for status lines and ``/v1/models``."""
-        return {"target": self.target.describe(),
-                "draft": self.draft.describe() if self.draft else None,
-                "drafter": self.spec.drafter, "draft_max": self.spec.draft_max,
-                "p_min": self.spec.p_min, "backend": backend_info()["backend"],
-                "chat_template": "fallback (ChatML)" if self.template.is_fallback else "model"}
+        with self._life:
+            self._check_open()
+            return {"target": self.target.describe(),
+                    "draft": self.draft.describe() if self.draft else None,
+                    "drafter": self.spec.drafter, "draft_max": self.spec.draft_max,
+                    "adaptive": self.spec.is_adaptive, "p_min": self.spec.p_min,
+                    "backend": backend_info()["backend"],
+                    "chat_template": "fallback (ChatML)" if self.template.is_fallback else "model"}
 
     @property
     def n_ctx(self) -> int:
         return self.target.n_ctx
 
+    @property
+    def busy(self) -> bool:
+        """Whether a generation holds the caches now."""
+        return self._turnstile.owner is not None
+
+    @property
+    def waiting(self) -> int:
+        """How many generations are queued behind the running one."""
+        return self._turnstile.waiting
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        return self.target.tokenize(text, add_special=add_special, parse_special=True)
+        with self._life:
+            self._check_open()
+            return self.target.tokenize(text, add_special=add_special, parse_special=True)
 
     def prompt_tokens(self, prompt: Prompt, raw: bool = False) -> list[int]:
         """The exact tokens both models will see for ``prompt``."""
@@ -260,7 +277,8 @@ class Engine:
         else:
             messages = ([{"role": "user", "content": prompt}] if isinstance(prompt, str)
                         else validate_messages(prompt))
-            text = self.template.render(messages, add_generation_prompt=True)
+            with self._life:   # one render at a time: the sandbox's deadline is shared state
+                text = self.template.render(messages, add_generation_prompt=True)
         tokens = self.tokenize(text)
         bos = self.target.vocab.bos
         if len(tokens) >= 2 and tokens[0] == tokens[1] == bos:
@@ -277,7 +295,9 @@ class Engine:
         """Generate a completion of ``prompt`` (text, or a list of chat messages).
 
         ``raw=True`` sends text as-is; otherwise it is wrapped as a user message in the
-        model's chat template. ``speculative=False`` decodes with the target alone.
+        model's chat template. ``speculative=False`` decodes with the target alone. Any
+        thread may call it (generations take turns); a generation stopped by :meth:`cancel`
+        or :meth:`close` returns with ``finish_reason "cancelled"``.
         """
         s = self.stream(prompt, max_tokens=max_tokens, sampling=sampling,
                         speculative=speculative, raw=raw, stop=stop)
@@ -292,7 +312,12 @@ class Engine:
     def stream(self, prompt: Prompt, *, max_tokens: int = 256,
                sampling: Optional[SamplingParams] = None, speculative: bool = True,
                raw: bool = False, stop: Sequence[str] = ()) -> Stream:
-        """Like :meth:`generate`, streaming :class:`StreamEvent` objects as tokens commit."""
+        """Like :meth:`generate`, streaming :class:`StreamEvent` objects as tokens commit.
+
+        Arguments are checked and the prompt tokenized here (errors are raised by this call);
+        the generation waits for its turn when the stream is first advanced. See
+        :class:`~edgespec.streams.Stream` for cancelling and closing it.
+        """
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise InvalidParameterError("max_tokens", max_tokens, "an integer >= 1")
         if isinstance(stop, str):
@@ -304,21 +329,52 @@ class Engine:
         tokens = self.prompt_tokens(prompt, raw=raw)
         if len(tokens) >= self.n_ctx:
             raise ContextOverflowError(len(tokens), self.n_ctx)
-        stream = Stream(self, iter(()))
-        stream._events = self._run(stream, tokens, max_tokens, sampling,
-                                   speculative and self.drafter is not None, list(stop))
-        return stream
+        speculative = speculative and self.drafter is not None
+        job = Job(self._turnstile, Generation("", [], "cancelled", GenerationStats(
+            prompt_tokens=len(tokens), speculative=speculative)))
+        return Stream(job, self._run(job, tokens, max_tokens, sampling, speculative,
+                                     list(stop)))
+
+    def astream(self, prompt: Prompt, **kwargs) -> AsyncStream:
+        """:meth:`stream` for asyncio: ``async for event in engine.astream(...)``.
+
+        Same arguments and errors (raised by this call). The generation runs in a thread of
+        its own so the event loop stays responsive; see :class:`~edgespec.streams.AsyncStream`.
+        """
+        return AsyncStream(self.stream(prompt, **kwargs))
+
+    async def agenerate(self, prompt: Prompt, **kwargs) -> Generation:
+        """:meth:`generate` for asyncio (cancelling the awaiting task cancels it)."""
+        s = self.astream(prompt, **kwargs)
+        async with s:
+            async for _ in s:
+                pass
+        return s.result
 
     def cancel(self) -> None:
-        """Stop the running generation (if any) within one decoding step. Thread-safe."""
-        self._cancel.set()
+        """Stop the generation running now (not the queued ones), within one decoding step.
 
-    def _run(self, stream: Stream, prompt: list[int], max_tokens: int,
+        Thread-safe and never blocks; the stopped generation ends with ``finish_reason
+        "cancelled"``. A no-op when nothing is running.
+        """
+        job = self._turnstile.owner
+        if job is not None:
+            job.cancel()
+
+    def _run(self, job: Job, prompt: list[int], max_tokens: int,
              sampling: SamplingParams, speculative: bool,
              stop: list[str]) -> Iterator[StreamEvent]:
-        with self._lock:
-            self._check_open()
-            self._cancel.clear()
+        """The generation behind a Stream: waits for its turn, then prefill → decode → text.
+
+        Holds the turn until it ends; whichever way it ends (last token, cancel, close, an
+        error) its ``finally`` trims the caches to what was generated and hands the turn on.
+        """
+        if not self._turnstile.enter(job):      # cancelled, or the Engine closed, while queued
+            job.result = job.cancelled_result
+            return
+        cancelled = job.cancelled
+        tail, ended, failed = "", False, False
+        try:
             stats = GenerationStats(prompt_tokens=len(prompt), speculative=speculative)
             out_tokens: list[int] = []
             text: list[str] = []
@@ -326,9 +382,9 @@ class Engine:
             target = self.target
             models = [target] + ([self.draft] if speculative and self.draft else [])
             t0 = time.perf_counter()
-            stats.prompt_tokens_evaluated = self._prefill(target, prompt)
+            stats.prompt_tokens_evaluated = self._prefill(target, prompt, cancelled)
             if speculative and self.draft is not None:
-                self._prefill(self.draft, prompt)
+                self._prefill(self.draft, prompt, cancelled)
             t1 = time.perf_counter()
             stats.prompt_seconds = t1 - t0
             llama0 = sum(m.decode_seconds for m in models)
@@ -340,10 +396,11 @@ class Engine:
             eog = target.vocab.eog
             steps = (decode(target, context, params=sampling, rng=rng, max_new=max_tokens,
                             drafter=self.drafter if speculative else None,
-                            draft_max=self.spec.draft_max, stats=loop_stats)
-                     if not self._cancel.is_set() else iter(()))
+                            policy=self._policy(sampling), stats=loop_stats,
+                            should_stop=cancelled.is_set)
+                     if not cancelled.is_set() else iter(()))
             try:
-                if self._cancel.is_set():  # cancelled during prompt processing
+                if cancelled.is_set():  # cancelled during prompt processing
                     finish = "cancelled"
                 else:
                     for step in steps:
@@ -359,11 +416,17 @@ class Engine:
                             break
                         text.append(piece)
                         yield StreamEvent(piece, step.token, step.from_draft)
-                        if self._cancel.is_set():
+                        if cancelled.is_set():
                             finish = "cancelled"
                             break
-                    else:
-                        finish = "length"
+                    else:   # the loop ended by itself: budget or context full, or a cancel
+                        finish = "cancelled" if cancelled.is_set() else "length"
+            except GeneratorExit:   # closed mid-stream: the output is what was yielded
+                finish, ended = "cancelled", True
+                raise
+            except BaseException:   # the caller gets the exception, not a result
+                ended = failed = True
+                raise
             finally:
                 if hasattr(steps, "close"):
                     steps.close()
@@ -377,13 +440,17 @@ class Engine:
                 stats.verify_seconds = loop_stats.verify_seconds
                 stats.tested_at = loop_stats.tested_at
                 stats.accepted_at = loop_stats.accepted_at
-                tail = assembler.finish()
-                text.append(tail)
-                stream.result = Generation("".join(text), out_tokens, finish, stats)
-            if tail:
-                yield StreamEvent(tail, out_tokens[-1] if out_tokens else -1, False)
+                if not ended:
+                    tail = assembler.finish()
+                    text.append(tail)
+                if not failed:
+                    job.result = Generation("".join(text), out_tokens, finish, stats)
+        finally:
+            self._turnstile.leave(job)
+        if tail:
+            yield StreamEvent(tail, out_tokens[-1] if out_tokens else -1, False)
 
-    def _prefill(self, model: LlamaModel, prompt: list[int]) -> int:
+    def _prefill(self, model: LlamaModel, prompt: list[int], cancelled: threading.Event) -> int:
         """Make ``model``'s cache hold ``prompt[:-1]``, reusing its common prefix.
 
         Returns how many tokens were evaluated. Checks for cancellation between batches.
@@ -393,7 +460,7 @@ class Engine:
         model.truncate(keep)
         todo = want[keep:]
         for start in range(0, len(todo), model.n_batch):
-            if self._cancel.is_set():
+            if cancelled.is_set():
                 break
             model.eval(todo[start:start + model.n_batch], 0)
         return len(model.tokens) - keep + 1
@@ -402,21 +469,47 @@ class Engine:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise EdgespecError("this Engine is closed; load a new one")
+            raise EngineClosedError("this Engine is closed; load a new one")
 
     def close(self) -> None:
-        """Free both models. Waits for a running generation to finish its current step."""
-        self.cancel()
-        with self._lock:
+        """Stop every generation and free both models. Any thread; a second call is a no-op.
+
+        Queued generations end ``"cancelled"`` without running; the running one is cancelled
+        and this waits for its step in progress (at most one decoding step), so no thread is
+        inside llama.cpp when the models are freed. Afterwards every call that needs the
+        models raises :class:`~edgespec.errors.EngineClosedError`.
+        """
+        with self._life:
             if self._closed:
                 return
             self._closed = True
+        owner = self._turnstile.close()
+        if owner is not None:
+            owner.close()
+        self._turnstile.wait_idle()
+        with self._life:
             if self.draft is not None:
                 self.draft.close()
             self.target.close()
+        _open_engines.discard(self)
 
     def __enter__(self) -> "Engine":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# Engines not closed yet. At interpreter exit they are closed while the interpreter is still
+# whole: a generation running in a daemon thread is stopped before the models are freed,
+# instead of running on into the interpreter's (and llama.cpp's) teardown.
+_open_engines: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_engines() -> None:
+    for engine in list(_open_engines):
+        try:
+            engine.close()
+        except Exception:   # pragma: no cover - best effort at exit
+            log.exception("closing an Engine at exit failed")

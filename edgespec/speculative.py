@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 
 from .backend import LlamaModel
 from .config import SamplingParams
-from .drafters import Drafter
+from .drafters import Drafter, FixedLength, LengthPolicy
 from .sampling import warp
 from .verify import speculative_sampling, verify_greedy
 
@@ -60,18 +60,41 @@ class LoopStats:
                 counts[i] += 1
 
 
+class _Interruptible:
+    """A length policy that also stops drafting as soon as ``should_stop()`` is true, so a
+    cancel takes effect within one draft step rather than one round."""
+
+    def __init__(self, policy: LengthPolicy, should_stop: Callable[[], bool]):
+        self.policy, self.should_stop = policy, should_stop
+        self.needs_confidence = getattr(policy, "needs_confidence", True)
+
+    def plan(self) -> int:
+        return self.policy.plan()
+
+    def keep_drafting(self, i: int, confidence: float) -> bool:
+        return not self.should_stop() and self.policy.keep_drafting(i, confidence)
+
+    def observe(self, *args) -> None:
+        self.policy.observe(*args)
+
+
 def decode(target: LlamaModel, context: list[int], *, params: SamplingParams,
            rng: np.random.Generator, max_new: int, drafter: Optional[Drafter] = None,
-           draft_max: int = 0, stats: Optional[LoopStats] = None) -> Iterator[Step]:
+           policy: Optional[LengthPolicy] = None, stats: Optional[LoopStats] = None,
+           should_stop: Callable[[], bool] = lambda: False) -> Iterator[Step]:
     """Generate up to ``max_new`` tokens after ``context``.
 
     ``context`` is the committed token list (prompt + tokens generated so far) and is extended
     in place as tokens are committed. Preconditions: ``target.tokens == context[:-1]`` and the
-    drafter's cache holds a prefix of ``context``. Stops after an end-of-generation token
-    (which is yielded), after ``max_new`` tokens, or when the context window is full; it never
-    asks llama.cpp for more than ``n_batch``/``n_outputs_max`` rows or ``n_ctx`` positions.
+    drafter's cache holds a prefix of ``context``. ``policy`` decides each round's draft
+    length (default: 8 tokens). Stops after an end-of-generation token (which is yielded),
+    after ``max_new`` tokens, or when the context window is full; it never asks llama.cpp for
+    more than ``n_batch``/``n_outputs_max`` rows or ``n_ctx`` positions. ``should_stop`` is
+    polled at every draft step and before each verify pass: when it turns true the loop ends
+    without committing the round in progress.
     """
     stats = stats if stats is not None else LoopStats()
+    policy = _Interruptible(policy if policy is not None else FixedLength(8), should_stop)
     eog = target.vocab.eog
     n_vocab = target.n_vocab
     plain_greedy = params.greedy and not params.uses_penalty
@@ -82,12 +105,14 @@ def decode(target: LlamaModel, context: list[int], *, params: SamplingParams,
     try:
         while len(context) < limit:
             # How many drafts fit: the verify pass commits at most K + 1 tokens.
-            K = min(draft_max, limit - len(context) - 1, max_rows - 1) if drafter else 0
+            K = min(policy.plan(), limit - len(context) - 1, max_rows - 1) if drafter else 0
 
             # 1. Draft: up to K tokens x with the distributions q they were drawn from.
-            x, q = drafter.draft(context, K, params, rng) if K > 0 else ([], [])
+            x, q = drafter.draft(context, K, params, rng, policy) if K > 0 else ([], [])
             K = len(x)
             stats.drafted += K
+            if should_stop():
+                return
 
             # 2. Verify: one target pass over [id_last, x_1..x_K], logits on all K+1 rows.
             t0 = time.perf_counter()
@@ -101,11 +126,15 @@ def decode(target: LlamaModel, context: list[int], *, params: SamplingParams,
                 tail = context[-params.repeat_last_n:] if params.uses_penalty else []
                 n, t = speculative_sampling(
                     x, q, lambda i: warp(rows[i], params, tail + x[:i]), rng, n_vocab)
-            stats.verify_seconds += time.perf_counter() - t0
+            verify_seconds = time.perf_counter() - t0
+            stats.verify_seconds += verify_seconds
             stats.target_passes += 1
             stats.rounds += 1
             stats.accepted += n
             stats.record_round(K, n)
+            if drafter is not None:
+                policy.observe(K, n, drafter.confidences if K else (),
+                               drafter.step_seconds if K else (), verify_seconds)
 
             # 4. Trim: drop the rejected drafts from both caches.
             target.truncate(n_base + 1 + n)

@@ -18,7 +18,8 @@ import pytest
 
 from edgespec import verify
 from edgespec.config import SamplingParams
-from edgespec.drafters import ModelDrafter
+from edgespec.drafters import (AdaptiveLength, Costs, FixedLength, HybridDrafter, ModelDrafter,
+                               NgramDrafter)
 from edgespec.sampling import Dist, residual
 from edgespec.speculative import LoopStats, decode
 
@@ -133,21 +134,37 @@ def exact_marginals(target_logits, start: int, n: int):
     return out, joint12
 
 
-def run_loop(K: int, seed: int, broken: str | None = None):
+def make_drafter(kind: str, draft: MarkovLM):
+    if kind == "model":
+        return ModelDrafter(draft, frozenset())
+    if kind == "ngram":
+        return NgramDrafter(ngram_min=1, ngram_max=3)
+    return HybridDrafter(ModelDrafter(draft, frozenset()), min_match=2)
+
+
+def make_policy(K):
+    if K == "adaptive":
+        # Costs under which drafting pays, so the adaptive policy drafts varying lengths.
+        return AdaptiveLength(Costs({1: 1.0, 2: 1.1, 9: 1.8}, 0.05), k_max=8)
+    return FixedLength(K)
+
+
+def run_loop(K, seed: int, kind: str = "model"):
     target_logits, draft_logits = markov_pair()
     target, draft = MarkovLM(target_logits), MarkovLM(draft_logits)
-    drafter = ModelDrafter(draft, frozenset(), p_min=0.0)
+    drafter = make_drafter(kind, draft)
+    policy = make_policy(K)
     params = SamplingParams.neutral(1.0)
     rng = np.random.default_rng(seed)
     seqs = np.zeros((N_RUNS, N_NEW), dtype=np.int64)
     stats = LoopStats()
     for r in range(N_RUNS):
-        context = [1, 2]
+        context = [1, 2, 3, 1, 2]
         target.truncate(0)
         target.eval(context[:-1], 0)
         drafter.rollback(0)
         out = [s.token for s in decode(target, context, params=params, rng=rng, max_new=N_NEW,
-                                       drafter=drafter, draft_max=K, stats=stats)]
+                                       drafter=drafter, policy=policy, stats=stats)]
         seqs[r] = out
     return seqs, stats
 
@@ -157,17 +174,31 @@ def noise_bound(p: np.ndarray, n: int) -> float:
     return 3 * 0.5 * float(np.sqrt(2 * p * (1 - p) / (np.pi * n)).sum())
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("K", [1, 2, 4, 8])
-def test_multi_position_loop_matches_plain_sampling(K):
-    seqs, stats = run_loop(K, seed=100 + K)
+def check_matches_plain(seqs):
     marginals, joint12 = exact_marginals(markov_pair()[0], start=2, n=N_NEW)
-    assert stats.drafted > 0 and 0 < stats.accepted < stats.drafted  # rejections did happen
     for j in range(N_NEW):
         counts = np.bincount(seqs[:, j], minlength=VM)
         assert tv(counts, marginals[j]) < noise_bound(marginals[j], N_RUNS), f"position {j + 1}"
     pair_counts = np.bincount(seqs[:, 0] * VM + seqs[:, 1], minlength=VM * VM)
     assert tv(pair_counts, joint12.ravel()) < noise_bound(joint12.ravel(), N_RUNS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("K", [1, 2, 4, 8, "adaptive"])
+def test_multi_position_loop_matches_plain_sampling(K):
+    seqs, stats = run_loop(K, seed=100 + (K if isinstance(K, int) else 50))
+    assert stats.drafted > 0 and 0 < stats.accepted < stats.drafted  # rejections did happen
+    if K == "adaptive":
+        assert len(set(stats.tested_at)) > 1      # the draft length really varied
+    check_matches_plain(seqs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["ngram", "hybrid"])
+def test_multi_position_other_drafters_match_plain_sampling(kind):
+    seqs, stats = run_loop(4, seed=7 + len(kind), kind=kind)
+    assert stats.drafted > 0 and 0 < stats.accepted < stats.drafted
+    check_matches_plain(seqs)
 
 
 @pytest.mark.slow

@@ -1,0 +1,108 @@
+"""Draft-length policies (pure logic, hand-made costs) and the n-gram drafter."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgespec.config import SamplingParams
+from edgespec.drafters import AdaptiveLength, Costs, FixedLength, NgramDrafter
+from edgespec.sampling import Dist, residual
+
+# Per-call costs measured on this kind of machine (../shared/docs/pitfalls.md, seconds).
+GEMMA = {1: 0.0394, 4: 0.0551, 8: 0.0739, 16: 0.1027, 33: 0.17}, 0.0139   # F32 + Q4_K_M
+SMOL_F16 = {1: 0.0102, 4: 0.0234, 8: 0.0312, 16: 0.0461, 33: 0.08}, 0.0095  # F16 + Q4_1
+
+
+def simulate(costs, acceptance, rounds=600, fixed=None, seed=0):
+    """Tokens per second of a policy when draft i is accepted with acceptance(round, conf)."""
+    target, draft = costs
+    c = Costs(dict(target), draft)
+    pol = AdaptiveLength(c, k_max=32) if fixed is None else FixedLength(fixed)
+    rng = np.random.default_rng(seed)
+    tokens = seconds = 0.0
+    per_round = []
+    for r in range(rounds):
+        K = pol.plan()
+        confs = []
+        for i in range(K):
+            conf = rng.uniform(0.05, 1.0)
+            if not pol.keep_drafting(i, conf):
+                break
+            confs.append(conf)
+        n = 0
+        while n < len(confs) and rng.random() < acceptance(r, confs[n]):
+            n += 1
+        dt = len(confs) * draft + c.t(len(confs) + 1)
+        tokens += n + 1
+        seconds += dt
+        pol.observe(len(confs), n, confs, [draft] * max(0, len(confs) - 1), dt - len(confs) * draft)
+        per_round.append(len(confs))
+    simulate.policy = pol
+    return tokens / seconds, per_round
+
+
+@pytest.mark.parametrize("costs", [GEMMA, SMOL_F16])
+@pytest.mark.parametrize("alpha", [0.99, 0.9, 0.7, 0.5])
+def test_adaptive_is_close_to_the_best_fixed_k(costs, alpha):
+    rate, _ = simulate(costs, lambda r, c: alpha)
+    best = max(simulate(costs, lambda r, c: alpha, fixed=k)[0] for k in (0, 1, 2, 4, 8, 16, 32))
+    assert rate >= 0.95 * best
+
+
+def test_falls_back_to_plain_when_drafting_cannot_pay():
+    rate, ks = simulate(SMOL_F16, lambda r, c: 0.9)        # draft costs ~ the target
+    plain = 1 / SMOL_F16[0][1]
+    assert rate >= 0.95 * plain
+    assert sum(k == 0 for k in ks[100:]) > 0.95 * len(ks[100:])
+
+
+def test_recovers_when_acceptance_rises():
+    rate, ks = simulate(GEMMA, lambda r, c: 0.05 if r < 300 else 0.99, rounds=900)
+    assert sum(ks[200:300]) < 30                            # gave up while drafts failed
+    assert np.mean(ks[-200:]) > 3                           # drafting again afterwards
+
+
+def test_confidence_gate_learns_which_drafts_fail():
+    # Drafts are accepted only when the draft is confident: the gate must learn that.
+    accept = lambda r, c: 0.99 if c > 0.3 else 0.1
+    rate, ks = simulate(GEMMA, accept)
+    pol = simulate.policy
+    assert pol._acceptance_at(0.15) < 0.5 and pol._acceptance_at(0.9) > 0.9
+    best = max(simulate(GEMMA, accept, fixed=k)[0] for k in (0, 1, 2, 4, 8))
+    assert rate >= 0.95 * best
+
+
+def test_fixed_length_cuts_on_top_probability():
+    pol = FixedLength(8, p_min=0.5)
+    assert pol.plan() == 8
+    assert pol.keep_drafting(0, 0.6) and not pol.keep_drafting(1, 0.4)
+
+
+def test_cutoff_on_the_drawn_tokens_probability_would_be_biased():
+    """Why the stop rule may look only at q, never at the drawn x (drafters.py docstring).
+
+    p = (0.5, 0.5), q = (0.9, 0.1); stopping whenever the drawn x has q(x) < 0.5 and letting
+    the target sample that position itself gives P(token 0) = 0.55, not p(0) = 0.5.
+    """
+    p, q = np.array([0.5, 0.5]), np.array([0.9, 0.1])
+    r = residual(Dist(None, p), Dist(None, q), 2).dense(2)
+    out = np.zeros(2)
+    for x in range(2):
+        if q[x] < 0.5:                      # cut: the target samples from p
+            out += q[x] * p
+        else:                               # Algorithm 1 on x
+            a = min(1.0, p[x] / q[x])
+            out[x] += q[x] * a
+            out += q[x] * (1 - a) * r
+    assert out[0] == pytest.approx(0.55)
+
+
+def test_ngram_lookup_finds_the_latest_longest_match():
+    d = NgramDrafter(ngram_min=1, ngram_max=3)
+    ctx = [1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3]
+    assert d.lookup(ctx, 3) == [7, 8, 5]      # [2, 3] last seen before 7
+    assert d.last_match == 2
+    assert d.lookup([4, 5, 6], 4) == []
+    x, q = d.draft([1, 2, 1, 2, 1], 2, SamplingParams(), np.random.default_rng(0), FixedLength(2))
+    assert x == [2, 1] and all(qi.prob(xi) == 1.0 for xi, qi in zip(x, q))
