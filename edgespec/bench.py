@@ -271,7 +271,8 @@ def build_bench_parser(sub) -> None:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--ks", default="2,4,8,16", help="pinned draft lengths to compare")
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed for sampled runs (a seeded sampled request pins the draft length)")
     p.add_argument("--raw", action="store_true", help="no chat template")
     p.add_argument("--no-peers", action="store_true",
                    help="skip llama-cpp-python's own plain and prompt-lookup decoding")

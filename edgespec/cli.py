@@ -38,9 +38,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--target", help="path to the target GGUF")
     g.add_argument("--draft", help="path to the draft GGUF (shares the target's tokenizer)")
     g.add_argument("--drafter", choices=["model", "ngram", "hybrid", "none"],
-                   help="where drafts come from: a draft model (default when --draft is "
-                        "given), n-gram prompt lookup (no draft model needed), hybrid (long "
-                        "n-gram matches, else the model), none (plain decoding)")
+                   help="where drafts come from: hybrid (default when --draft is given: "
+                        "long n-gram matches from the context, else the draft model), model "
+                        "(the draft model only), ngram (prompt lookup, no draft model "
+                        "needed), none (plain decoding)")
     g.add_argument("--draft-max", type=int, metavar="K",
                    help="pin the draft length to K tokens per round (default: chosen each "
                         "round by a cost model, 0 to 32)")

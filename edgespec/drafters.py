@@ -31,6 +31,9 @@ from .backend import LlamaModel
 from .config import SamplingParams
 from .sampling import Dist, warp
 
+# No draft position is assumed accepted more often than this, however thin the evidence.
+MAX_ACCEPTANCE = 0.99
+
 # Logits this far below the maximum change a probability by less than e^-16 each; ignoring
 # them makes the confidence check ~5× cheaper on a 262k-entry row.
 _CONFIDENCE_WINDOW = 16.0
@@ -53,8 +56,9 @@ class LengthPolicy(Protocol):
     def plan(self) -> int:
         """Most tokens to draft this round (0: decode this round with the target alone)."""
 
-    def keep_drafting(self, i: int, confidence: float) -> bool:
-        """Before drawing draft token ``i`` (0-based) whose distribution has this confidence."""
+    def keep_drafting(self, i: int, confidence: Optional[float]) -> bool:
+        """Before drawing draft token ``i`` (0-based) whose distribution has this confidence
+        (the draft's top probability; ``None`` when the policy did not ask for it)."""
 
     def observe(self, k: int, n: int, confidences: Sequence[float], draft_step_seconds:
                 Sequence[float], verify_seconds: float) -> None:
@@ -73,8 +77,8 @@ class FixedLength:
     def plan(self) -> int:
         return self.k
 
-    def keep_drafting(self, i: int, confidence: float) -> bool:
-        return confidence >= self.p_min
+    def keep_drafting(self, i: int, confidence: Optional[float]) -> bool:
+        return confidence is None or confidence >= self.p_min
 
     def observe(self, k, n, confidences, draft_step_seconds, verify_seconds) -> None:
         pass
@@ -87,26 +91,39 @@ class Costs:
 
     target: dict[int, float]
     draft: float
-    ema: float = 0.2
+    ema: float = 0.05
+
+    def __post_init__(self) -> None:
+        self._table()
+
+    def _table(self) -> None:
+        keys = sorted(self.target)
+        self._keys = np.array(keys, dtype=float)
+        self._vals = np.array([self.target[k] for k in keys])
+        self._slope = ((self._vals[-1] - self._vals[-2]) / (self._keys[-1] - self._keys[-2])
+                       if len(keys) > 1 else self._vals[0] / self._keys[0])
 
     def t(self, n):
         """Seconds for a target pass of ``n`` tokens (scalar or array): linear between measured
         sizes, extended along the last segment beyond them."""
-        keys = np.array(sorted(self.target), dtype=float)
-        vals = np.array([self.target[k] for k in sorted(self.target)])
-        out = np.interp(n, keys, vals)
-        if keys.size > 1:
-            slope = (vals[-1] - vals[-2]) / (keys[-1] - keys[-2])
-            out = np.where(np.asarray(n) > keys[-1], vals[-1] + slope * (np.asarray(n) - keys[-1]),
-                           out)
-        return float(out) if np.ndim(out) == 0 else out
+        n = np.asarray(n, dtype=float)
+        out = np.interp(n, self._keys, self._vals)
+        out = np.where(n > self._keys[-1], self._vals[-1] + self._slope * (n - self._keys[-1]),
+                       out)
+        return float(out) if out.ndim == 0 else out
+
+    @staticmethod
+    def _blend(old: float, seconds: float, ema: float) -> float:
+        # One slow call (a cold cache after a prompt, another process) must not flip the
+        # decision: each observation moves the estimate by at most ema × 50%.
+        return old + ema * (min(max(seconds, 0.5 * old), 1.5 * old) - old)
 
     def observe_target(self, n: int, seconds: float) -> None:
-        old = self.t(n)
-        self.target[n] = old + self.ema * (seconds - old)
+        self.target[n] = self._blend(self.t(n), seconds, self.ema)
+        self._table()
 
     def observe_draft(self, seconds: float) -> None:
-        self.draft += self.ema * (seconds - self.draft)
+        self.draft = self._blend(self.draft, seconds, self.ema)
 
 
 class _Decayed:
@@ -161,14 +178,20 @@ class AdaptiveLength:
     prior: float = 0.9
     decay: float = 0.98
     idle_decay: float = 0.998
-    z: float = 1.0
-    needs_confidence: bool = True
+    z: float = 0.0
+    margin: float = 0.05
+    replan_every: int = 8
     _n_bins: int = 10
     _pos: _Decayed = field(init=False)
     _conf: _Decayed = field(init=False)
     _rate: float = field(init=False, default=0.0)
     _reach: float = field(init=False, default=1.0)
     _planned: int = field(init=False, default=0)
+    _rounds: int = field(init=False, default=0)
+    _streak: int = field(init=False, default=0)   # consecutive drafting rounds
+    _idle: int = field(init=False, default=0)     # consecutive plain rounds
+    _gate_active: bool = field(init=False, default=True)
+    _pos_rates: np.ndarray = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self._pos = _Decayed(self.k_max, strength=8.0)
@@ -183,7 +206,7 @@ class AdaptiveLength:
         pooled = self._pos.pooled(self.prior)
         n = self._pos.tested.sum() + self._pos.strength
         bonus = self.z * np.sqrt(pooled * (1 - pooled) / n)
-        return np.minimum(1.0, self._pos.rates(pooled) + bonus)
+        return np.minimum(MAX_ACCEPTANCE, self._pos.rates(pooled) + bonus)
 
     def expected(self, k: int) -> tuple[float, float]:
         """(expected tokens, expected seconds) of a round that drafts k tokens."""
@@ -191,11 +214,16 @@ class AdaptiveLength:
         return 1.0 + float(reach.sum()), k * self.costs.draft + self.costs.t(k + 1)
 
     def best(self) -> tuple[int, float]:
-        """The K in [0, k_max] with the highest expected tokens per second, and that rate."""
+        """The K in [0, k_max] with the highest expected tokens per second, and that rate.
+
+        Drafting must beat plain decoding by ``margin`` (a break-even gamble on a draft as
+        slow as the target only adds variance)."""
         ks = np.arange(0, self.k_max + 1)
         tokens = 1.0 + np.concatenate(([0.0], np.cumsum(np.cumprod(self.position_rates()))))
         rate = tokens / (ks * self.costs.draft + self.costs.t(ks + 1))
         k = int(np.argmax(rate))
+        if rate[k] < rate[0] * (1 + self.margin):
+            k = 0
         return k, float(rate[k])
 
     def _acceptance_at(self, confidence: float) -> float:
@@ -204,10 +232,30 @@ class AdaptiveLength:
 
     # -- the policy -----------------------------------------------------------------------
 
+    @property
+    def needs_confidence(self) -> bool:
+        """Whether the drafter should compute the draft's confidence this round (it costs a
+        pass over the logits): always while the gate is cutting, otherwise one round in four
+        so that the gate keeps learning."""
+        return self._gate_active or self._rounds % 4 == 0
+
     def plan(self) -> int:
+        if self._idle % self.replan_every:
+            # Plain decoding was the best choice a moment ago: keep it without re-planning
+            # every token (a re-plan costs ~40 µs, 0.5% of a fast model's token).
+            self._idle += 1
+            self._planned = 0
+            return 0
         k, self._rate = self.best()
+        self._idle = self._idle + 1 if k == 0 else 0
+        # Slow start: after plain decoding (and at first) drafts grow 4, 8, 16… tokens per
+        # round while evidence comes in, instead of gambling 32 draft steps on estimates.
+        k = min(k, 4 << min(self._streak, 8))
         self._planned = k
         self._reach = 1.0
+        self._pos_rates = self.position_rates()
+        pooled = self._pos.pooled(self.prior)
+        self._gate_active = bool(self._conf.rates(1.0, z=self.z).min() < 0.9 * pooled)
         return k
 
     def keep_drafting(self, i: int, confidence: float) -> bool:
@@ -220,11 +268,13 @@ class AdaptiveLength:
         costs more than later ones), so every continuation up to the plan is considered,
         not just the next token.
         """
-        reach = self._reach * self._acceptance_at(confidence)
+        rates = self._pos_rates
+        reach = self._reach * (self._acceptance_at(confidence) if confidence is not None
+                               else rates[min(i, self.k_max - 1)])
         ks = np.arange(i + 1, self._planned + 1)
         if ks.size == 0:
             return False
-        later = self.position_rates()[i + 1:self._planned]
+        later = rates[i + 1:self._planned]
         reach_each = reach * np.concatenate(([1.0], np.cumprod(later)))[:ks.size]
         gain = np.cumsum(reach_each)
         cost = (ks - i - 1) * self.costs.draft + self.costs.t(ks + 1) - self.costs.t(i + 1)
@@ -241,7 +291,10 @@ class AdaptiveLength:
         for i in range(min(k, n + 1)):
             self._pos.add(min(i, self.k_max - 1), i < n)
         for i, c in enumerate(confidences[:min(k, n + 1)]):
-            self._conf.add(min(int(c * self._n_bins), self._n_bins - 1), i < n)
+            if c is not None:
+                self._conf.add(min(int(c * self._n_bins), self._n_bins - 1), i < n)
+        self._rounds += 1
+        self._streak = self._streak + 1 if k else 0
         for s in draft_step_seconds:
             self.costs.observe_draft(s)
 
@@ -317,7 +370,7 @@ class Drafter(Protocol):
 
     seconds: float
     step_seconds: list[float]     # per single-token draft step of the last draft() call
-    confidences: list[float]      # confidence of each proposed token of the last call
+    confidences: list      # confidence of each proposed token of the last call (or None)
 
     def draft(self, context: Sequence[int], k: int, params: SamplingParams,
               rng: np.random.Generator, policy: LengthPolicy) -> tuple[list[int], list[Dist]]:
@@ -360,11 +413,11 @@ class ModelDrafter:
             # The stop decision uses only this position's distribution (see module docstring).
             if plain_greedy:
                 q_i = Dist.one_hot(int(np.argmax(row)))
-                confidence = top_probability(row) if need_conf else 1.0
+                confidence = top_probability(row) if need_conf else None
             else:
                 q_i = warp(row, params, tail)
                 confidence = ((top_probability(row) if params.greedy else
-                               float(q_i.probs.max())) if need_conf else 1.0)
+                               float(q_i.probs.max())) if need_conf else None)
             if not policy.keep_drafting(i, confidence):
                 break
             x_i = q_i.sample(rng)

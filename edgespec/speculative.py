@@ -66,12 +66,15 @@ class _Interruptible:
 
     def __init__(self, policy: LengthPolicy, should_stop: Callable[[], bool]):
         self.policy, self.should_stop = policy, should_stop
-        self.needs_confidence = getattr(policy, "needs_confidence", True)
+
+    @property
+    def needs_confidence(self) -> bool:
+        return getattr(self.policy, "needs_confidence", True)
 
     def plan(self) -> int:
         return self.policy.plan()
 
-    def keep_drafting(self, i: int, confidence: float) -> bool:
+    def keep_drafting(self, i: int, confidence: Optional[float]) -> bool:
         return not self.should_stop() and self.policy.keep_drafting(i, confidence)
 
     def observe(self, *args) -> None:

@@ -82,7 +82,8 @@ def test_greedy_speculative_equals_plain(engine_name, raw, request, smollm2_f32_
 
 def test_draft_equal_to_target_accepts_every_token(smollm2_f16_path):
     # Pinned K: with a draft as costly as the target the cost model would rightly not draft.
-    with Engine.load(target=smollm2_f16_path, draft=smollm2_f16_path, draft_max=8) as eng:
+    with Engine.load(target=smollm2_f16_path, draft=smollm2_f16_path, drafter="model",
+                     draft_max=8) as eng:
         for prompt in PROMPTS[:3]:
             out = eng.generate(prompt, max_tokens=48, sampling=GREEDY, raw=True)
             assert out.stats.drafted > 0

@@ -28,7 +28,10 @@ ENTER, ALT_ENTER, CTRL_C, CTRL_D, CTRL_R, TAB = "\r", "\x1b\r", "\x03", "\x04", 
 
 @pytest.fixture(scope="module")
 def engine(smollm2_f32_path, smollm2_q4_path):
-    with Engine.load(target=smollm2_f32_path, draft=smollm2_q4_path, n_ctx=1024) as eng:
+    # Pinned draft length, so that draft tokens (and their colour) appear whatever the cost
+    # model would decide on a busy machine.
+    with Engine.load(target=smollm2_f32_path, draft=smollm2_q4_path, n_ctx=1024,
+                     draft_max=4) as eng:
         yield eng
 
 

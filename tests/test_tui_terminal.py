@@ -16,7 +16,7 @@ import pytest
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
-CHAT = [sys.executable, "-m", "edgespec", "chat", "--pair", "smollm2-135m"]
+CHAT = [sys.executable, "-m", "edgespec", "chat", "--pair", "smollm2-135m", "--draft-max", "4"]
 STATUS = re.compile(r"smollm2-135m · \w+ · [\d.]+ tok/s")
 
 
