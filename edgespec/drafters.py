@@ -283,6 +283,12 @@ class AdaptiveLength:
         self._reach = reach
         return True
 
+    def rest(self) -> None:
+        """A round this policy took no part in (another source drafted): its evidence fades
+        as in a plain round, so that it re-probes some time later."""
+        self._pos.age(self.idle_decay)
+        self._conf.age(self.idle_decay)
+
     def observe(self, k, n, confidences, draft_step_seconds, verify_seconds) -> None:
         self.costs.observe_target(k + 1, verify_seconds)
         decay = self.decay if k else self.idle_decay
@@ -394,6 +400,13 @@ class ModelDrafter:
         self.seconds = 0.0
         self.step_seconds: list[float] = []
         self.confidences: list[float] = []
+        # Seconds per token to bring the cache up to the context after others committed
+        # tokens it has not seen (n-gram rounds); None until measured on a batch of 4+.
+        self.catch_up_cost: Optional[float] = None
+
+    def lag(self, context: Sequence[int]) -> int:
+        """Tokens of the context the draft's cache has not evaluated yet."""
+        return len(context) - len(self.model.tokens)
 
     def draft(self, context: Sequence[int], k: int, params: SamplingParams,
               rng: np.random.Generator, policy: LengthPolicy) -> tuple[list[int], list[Dist]]:
@@ -402,6 +415,11 @@ class ModelDrafter:
         n_cached = len(m.tokens)
         assert m.tokens == context[:n_cached], "draft cache diverged from the context"
         row = m.eval(context[n_cached:], 1)[0]
+        lag = len(context) - n_cached
+        if lag >= 4:
+            per_token = (time.perf_counter() - t0) / lag
+            self.catch_up_cost = (per_token if self.catch_up_cost is None else
+                                  self.catch_up_cost + 0.2 * (per_token - self.catch_up_cost))
         x: list[int] = []
         q: list[Dist] = []
         self.step_seconds = steps = []
@@ -442,9 +460,13 @@ class NgramDrafter:
     """Prompt lookup: propose the continuation of the latest earlier occurrence of the context's
     last n tokens (n from ``ngram_max`` down to ``ngram_min``). Needs no model; q is one-hot,
     so under sampling a proposal x is accepted with probability p(x).
+
+    Its confidence is the length of the match (``n / ngram_max``): a continuation of a long
+    match is accepted far more often than one of a two-token match, and the policy's gate
+    learns by how much.
     """
 
-    def __init__(self, ngram_min: int = 2, ngram_max: int = 4, window: int = 4096):
+    def __init__(self, ngram_min: int = 2, ngram_max: int = 8, window: int = 4096):
         self.ngram_min, self.ngram_max, self.window = ngram_min, ngram_max, window
         self.seconds = 0.0
         self.step_seconds: list[float] = []
@@ -455,7 +477,13 @@ class NgramDrafter:
               rng: np.random.Generator, policy: LengthPolicy) -> tuple[list[int], list[Dist]]:
         t0 = time.perf_counter()
         x = self.lookup(context, k)
-        self.confidences = [1.0] * len(x)
+        confidence = self.last_match / self.ngram_max
+        need = getattr(policy, "needs_confidence", True)
+        for i in range(len(x)):
+            if not policy.keep_drafting(i, confidence if need else None):
+                del x[i:]
+                break
+        self.confidences = [confidence if need else None] * len(x)
         self.step_seconds = []
         self.seconds += time.perf_counter() - t0
         return x, [Dist.one_hot(t) for t in x]
@@ -482,32 +510,131 @@ class NgramDrafter:
         pass
 
 
+class HybridPolicy:
+    """Separate length policies for the two sources of a :class:`HybridDrafter`.
+
+    An n-gram draft costs nothing to make and its acceptance depends on the match; a model
+    draft costs a forward pass per token. Mixing their evidence in one policy would make each
+    wrong about the other, so each source learns on its own rounds; the drafter says which
+    source a round uses (:meth:`use`) before drafting.
+    """
+
+    def __init__(self, model: LengthPolicy, ngram: LengthPolicy):
+        self.model, self.ngram = model, ngram
+        self.active: Optional[LengthPolicy] = None
+        self._planned = {"model": 0, "ngram": 0}
+
+    @property
+    def needs_confidence(self) -> bool:
+        return getattr(self.active, "needs_confidence", True)
+
+    def plan(self) -> int:
+        self._planned = {"model": self.model.plan(), "ngram": self.ngram.plan()}
+        self.active = None
+        return max(self._planned.values())
+
+    def use(self, source: Optional[str]) -> int:
+        """Make ``source`` ("model" or "ngram"; None: neither, a plain round) the active
+        policy; return its planned K."""
+        if source is None:
+            self.active = None
+            return 0
+        self.active = self.model if source == "model" else self.ngram
+        return self._planned[source]
+
+    def catch_up_pays(self, seconds: float, tokens_ahead: float) -> bool:
+        """Whether bringing the draft model up to date (``seconds``) is repaid by drafting
+        with it for the next ``tokens_ahead`` tokens instead of decoding plainly."""
+        best = getattr(self.model, "best", None)
+        if best is None:
+            return True
+        k, rate = best()
+        if k == 0:
+            return False
+        return tokens_ahead * (self.model.costs.t(1) - 1.0 / rate) > seconds
+
+    def keep_drafting(self, i: int, confidence: Optional[float]) -> bool:
+        return self.active.keep_drafting(i, confidence)
+
+    def observe(self, k, n, confidences, draft_step_seconds, verify_seconds) -> None:
+        if self.active is not None:
+            self.active.observe(k, n, confidences, draft_step_seconds, verify_seconds)
+            other = self.ngram if self.active is self.model else self.model
+            rest = getattr(other, "rest", None)
+            if rest is not None:
+                rest()
+        else:   # nobody drafted: a plain round for both
+            for p in (self.model, self.ngram):
+                p.observe(0, 0, (), (), verify_seconds)
+
+
 class HybridDrafter:
-    """An n-gram match of at least ``min_match`` tokens when there is one, else the draft model.
+    """An n-gram match of at least ``min_match`` tokens when the n-gram policy finds it worth
+    drafting, else the draft model.
 
     Copying from the context (quotes, code, summaries) costs nothing to draft and is accepted
-    in long runs; everything else goes to the model.
+    in long runs; everything else goes to the model. With a :class:`HybridPolicy` each source
+    drafts as many tokens as its own policy planned, and the n-gram source's confidence gate
+    (which learns acceptance by match length) decides when a match is too weak to use.
     """
 
     def __init__(self, model_drafter: ModelDrafter, ngram: Optional[NgramDrafter] = None,
-                 min_match: int = 3):
+                 min_match: int = 2):
         self.model = model_drafter
-        self.ngram = ngram or NgramDrafter(ngram_min=min_match, ngram_max=max(4, min_match))
+        self.ngram = ngram or NgramDrafter(ngram_min=min_match)
         self.min_match = min_match
         self.step_seconds: list[float] = []
-        self.confidences: list[float] = []
+        self.confidences: list = []
+        # Stretches without a usable n-gram match, in tokens: an estimate of how long the
+        # draft model would draft after catching up (decaying mean) and where the current
+        # stretch began.
+        self.miss_tokens = 16.0
+        self._miss_start: Optional[int] = None
 
     @property
     def seconds(self) -> float:
         return self.model.seconds + self.ngram.seconds
 
     def draft(self, context, k, params, rng, policy):
-        x, q = self.ngram.draft(context, k, params, rng, policy)
-        source = self.ngram if x and self.ngram.last_match >= self.min_match else self.model
-        if source is self.model:
-            x, q = self.model.draft(context, k, params, rng, policy)
+        """Up to ``k`` tokens (the loop's bound: budget, context, batch), each source capped
+        further by its own plan."""
+        use = getattr(policy, "use", None)
+        k_ngram = min(k, use("ngram")) if use else k
+        x, q = self.ngram.draft(context, k_ngram, params, rng, policy) if k_ngram > 0 \
+            else ([], [])
+        source = self.ngram
+        if x and self.ngram.last_match >= self.min_match:
+            if self._miss_start is not None:
+                stretch = len(context) - self._miss_start
+                if stretch >= 0:    # (negative: a new, shorter conversation)
+                    self.miss_tokens += 0.2 * (stretch - self.miss_tokens)
+                self._miss_start = None
+        else:
+            if self._miss_start is None:
+                self._miss_start = len(context)
+            if not self._catch_up_pays(context, policy):
+                # The draft lags far behind (n-gram rounds it did not see) and the stretch
+                # until the next match is too short to repay evaluating them: plain round.
+                use(None)
+                self.step_seconds, self.confidences = [], []
+                return [], []
+            k_model = min(k, use("model")) if use else k
+            x, q = (self.model.draft(context, k_model, params, rng, policy) if k_model > 0
+                    else ([], []))
+            source = self.model
+            if k_model <= 0:
+                self.model.step_seconds, self.model.confidences = [], []
         self.step_seconds, self.confidences = source.step_seconds, source.confidences
         return x, q
+
+    def _catch_up_pays(self, context, policy) -> bool:
+        lag = self.model.lag(context)
+        pays = getattr(policy, "catch_up_pays", None)
+        cost = self.model.catch_up_cost
+        if pays is None or cost is None or lag < 4:
+            return True
+        ahead = max(self.miss_tokens, len(context) - self._miss_start)
+        return pays(lag * cost, ahead)
 
     def rollback(self, n_keep: int) -> None:
         self.model.rollback(n_keep)

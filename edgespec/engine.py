@@ -33,8 +33,8 @@ import numpy as np
 from .backend import LlamaModel, backend_info, check_compatible
 from .chat import ChatTemplate, validate_messages
 from .config import ModelConfig, SamplingParams, SpecConfig, default_threads
-from .drafters import (AdaptiveLength, FixedLength, HybridDrafter, ModelDrafter, NgramDrafter,
-                       calibrate_cached)
+from .drafters import (AdaptiveLength, Costs, FixedLength, HybridDrafter, HybridPolicy,
+                       ModelDrafter, NgramDrafter, calibrate_cached)
 from .errors import ContextOverflowError, EngineClosedError, InvalidParameterError
 from .speculative import LoopStats, decode
 from .streams import AsyncStream, Job, Stream, Turnstile
@@ -149,8 +149,10 @@ class Engine:
                         self.template.fallback_reason)
         self.drafter = self._make_drafter()
         self._policies: dict = {}
-        self._costs = (calibrate_cached(target, draft)
-                       if spec.is_adaptive and self.drafter is not None else None)
+        self._costs = None
+        if spec.is_adaptive and self.drafter is not None:
+            # An n-gram drafter costs microseconds, whatever the draft model would cost.
+            self._costs = calibrate_cached(target, draft if spec.drafter != "ngram" else None)
         self._turnstile = Turnstile()
         # Held while the models are used outside a turn (tokenizing, info) and by close()
         # while it frees them.
@@ -233,7 +235,11 @@ class Engine:
         key = sampling.greedy
         if key not in self._policies:
             k_max = min(spec.k_max, self.target.n_outputs_max - 1)
-            self._policies[key] = AdaptiveLength(self._costs, k_max=k_max)
+            policy = AdaptiveLength(self._costs, k_max=k_max)
+            if spec.drafter == "hybrid":
+                free = Costs(dict(self._costs.target), draft=1e-4)   # n-gram drafts are free
+                policy = HybridPolicy(policy, AdaptiveLength(free, k_max=k_max))
+            self._policies[key] = policy
         return self._policies[key]
 
     # -- information ----------------------------------------------------------------------

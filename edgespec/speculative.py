@@ -80,6 +80,9 @@ class _Interruptible:
     def observe(self, *args) -> None:
         self.policy.observe(*args)
 
+    def __getattr__(self, name):   # anything else a drafter asks of its policy (HybridPolicy.use)
+        return getattr(self.policy, name)
+
 
 def decode(target: LlamaModel, context: list[int], *, params: SamplingParams,
            rng: np.random.Generator, max_new: int, drafter: Optional[Drafter] = None,

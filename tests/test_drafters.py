@@ -106,3 +106,107 @@ def test_ngram_lookup_finds_the_latest_longest_match():
     assert d.lookup([4, 5, 6], 4) == []
     x, q = d.draft([1, 2, 1, 2, 1], 2, SamplingParams(), np.random.default_rng(0), FixedLength(2))
     assert x == [2, 1] and all(qi.prob(xi) == 1.0 for xi, qi in zip(x, q))
+
+
+class _Recorder:
+    """A length policy that records what it is told (pure logic, for HybridPolicy routing)."""
+
+    def __init__(self, k):
+        self.k, self.observed, self.rested, self.asked = k, [], 0, 0
+
+    def plan(self):
+        return self.k
+
+    def keep_drafting(self, i, confidence):
+        self.asked += 1
+        return True
+
+    def observe(self, *args):
+        self.observed.append(args[:2])
+
+    def rest(self):
+        self.rested += 1
+
+
+class _FakeModelDrafter:
+    """Proposes token 7 repeatedly; stands in for the draft model in pure routing tests."""
+
+    def __init__(self):
+        self.seconds, self.step_seconds, self.confidences = 0.0, [], []
+        self.catch_up_cost = None
+
+    def lag(self, context):
+        return 1
+
+    def draft(self, context, k, params, rng, policy):
+        x = []
+        for i in range(k):
+            if not policy.keep_drafting(i, 0.9):
+                break
+            x.append(7)
+        self.confidences = [0.9] * len(x)
+        return x, [Dist.one_hot(t) for t in x]
+
+    def rollback(self, n_keep):
+        pass
+
+
+def test_hybrid_policy_routes_each_source_to_its_own_policy():
+    from edgespec.drafters import HybridDrafter, HybridPolicy
+    model, ngram = _Recorder(3), _Recorder(6)
+    pol = HybridPolicy(model, ngram)
+    hyb = HybridDrafter(_FakeModelDrafter())
+    rng, params = np.random.default_rng(0), SamplingParams()
+
+    assert pol.plan() == 6
+    x, _ = hyb.draft([1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3], 16, params, rng, pol)
+    assert x == [4, 5, 6, 7, 8, 9] and pol.active is ngram      # n-gram, capped by its plan
+    pol.observe(len(x), 2, [], [], 0.01)
+    assert ngram.observed == [(6, 2)] and model.observed == [] and model.rested == 1
+
+    pol.plan()
+    x, _ = hyb.draft([1, 2, 3, 4], 16, params, rng, pol)        # no match: the model drafts
+    assert x == [7, 7, 7] and pol.active is model
+    pol.observe(len(x), 3, [], [], 0.01)
+    assert model.observed == [(3, 3)] and ngram.rested == 1
+
+    pol.plan()
+    x, _ = hyb.draft([1, 2, 3, 1, 2], 2, params, rng, pol)      # the loop's bound wins
+    assert len(x) <= 2
+
+
+def test_a_resting_adaptive_policy_forgets_and_reprobes():
+    c = Costs(dict(GEMMA[0]), 1e-4)
+    pol = AdaptiveLength(c, k_max=32)
+    for _ in range(200):                       # n-gram drafts that always fail
+        k = pol.plan()
+        pol.observe(k, 0, [None] * k, [], c.t(k + 1))
+    assert pol.plan() == 0
+    for _ in range(3000):                      # the model drafts meanwhile
+        pol.rest()
+    for _ in range(8):
+        k = pol.plan()
+        if k:
+            break
+    assert k > 0
+
+
+def test_hybrid_decodes_plainly_when_the_draft_lags_too_far_to_catch_up():
+    """After long n-gram runs the draft model has not seen many committed tokens; evaluating
+    them costs more than drafting with it saves before the next match: a plain round."""
+    from edgespec.drafters import HybridDrafter, HybridPolicy
+    model = _FakeModelDrafter()
+    model.catch_up_cost = 0.010                                # 10 ms per lagging token
+    hyb = HybridDrafter(model)
+    pol = HybridPolicy(AdaptiveLength(Costs(dict(GEMMA[0]), GEMMA[1])), _Recorder(8))
+    rng, params = np.random.default_rng(0), SamplingParams()
+    no_match = list(range(100, 400))
+
+    model.lag = lambda context: 200                            # 2 s to catch up
+    pol.plan()
+    assert hyb.draft(no_match, 8, params, rng, pol) == ([], []) and pol.active is None
+
+    model.lag = lambda context: 1                              # up to date: the model drafts
+    pol.plan()
+    x, _ = hyb.draft(no_match, 8, params, rng, pol)
+    assert x and set(x) == {7} and pol.active is pol.model

@@ -18,8 +18,8 @@ import pytest
 
 from edgespec import verify
 from edgespec.config import SamplingParams
-from edgespec.drafters import (AdaptiveLength, Costs, FixedLength, HybridDrafter, ModelDrafter,
-                               NgramDrafter)
+from edgespec.drafters import (AdaptiveLength, Costs, FixedLength, HybridDrafter, HybridPolicy,
+                               ModelDrafter, NgramDrafter)
 from edgespec.sampling import Dist, residual
 from edgespec.speculative import LoopStats, decode
 
@@ -146,6 +146,9 @@ def make_policy(K):
     if K == "adaptive":
         # Costs under which drafting pays, so the adaptive policy drafts varying lengths.
         return AdaptiveLength(Costs({1: 1.0, 2: 1.1, 9: 1.8}, 0.05), k_max=8)
+    if K == "hybrid-adaptive":
+        return HybridPolicy(make_policy("adaptive"),
+                            AdaptiveLength(Costs({1: 1.0, 2: 1.1, 9: 1.8}, 1e-4), k_max=8))
     return FixedLength(K)
 
 
@@ -194,9 +197,9 @@ def test_multi_position_loop_matches_plain_sampling(K):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["ngram", "hybrid"])
-def test_multi_position_other_drafters_match_plain_sampling(kind):
-    seqs, stats = run_loop(4, seed=7 + len(kind), kind=kind)
+@pytest.mark.parametrize("kind,K", [("ngram", 4), ("hybrid", 4), ("hybrid", "hybrid-adaptive")])
+def test_multi_position_other_drafters_match_plain_sampling(kind, K):
+    seqs, stats = run_loop(K, seed=7 + len(kind), kind=kind)
     assert stats.drafted > 0 and 0 < stats.accepted < stats.drafted
     check_matches_plain(seqs)
 
