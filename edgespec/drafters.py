@@ -119,7 +119,17 @@ class Costs:
         return old + ema * (min(max(seconds, 0.5 * old), 1.5 * old) - old)
 
     def observe_target(self, n: int, seconds: float) -> None:
-        self.target[n] = self._blend(self.t(n), seconds, self.ema)
+        old = self.t(n)
+        new = self._blend(old, seconds, self.ema)
+        if n == 1:
+            # A plain pass measures how fast the machine is now, and while decoding plainly
+            # nothing else is measured: every cost follows, so that the calibrated ratios of
+            # draft and batch costs to a plain pass (which decide whether drafting pays) do not
+            # drift apart while the machine speeds up or slows down.
+            scale = new / old
+            self.target = {k: v * scale for k, v in self.target.items()}
+            self.draft *= scale
+        self.target[n] = new
         self._table()
 
     def observe_draft(self, seconds: float) -> None:
@@ -168,9 +178,11 @@ class AdaptiveLength:
     with ``decay`` per drafting round and with the slower ``idle_decay`` per plain round: after
     a long stretch of plain decoding the estimates drift back to the prior and the policy
     re-probes by itself, rarely; a pair that could not pay even at the prior acceptance
-    (a draft as slow as the target) is not probed at all. All estimates are upper confidence
-    bounds (``z`` standard errors). The confidence gate starts fully trusting and learns
-    which confidence levels get rejected.
+    (a draft as slow as the target) is not probed at all. K is chosen on the estimates
+    (raised by ``z`` standard errors, 0 by default); the choice of plain decoding is checked
+    against estimates ``z_probe``·√log(plain rounds) standard errors higher, so that thin
+    evidence (one unlucky first round) leads to a short probe rather than to giving up. The confidence gate starts
+    fully trusting and learns which confidence levels get rejected.
     """
 
     costs: Costs
@@ -179,6 +191,7 @@ class AdaptiveLength:
     decay: float = 0.98
     idle_decay: float = 0.998
     z: float = 0.0
+    z_probe: float = 1.0
     margin: float = 0.05
     replan_every: int = 8
     _n_bins: int = 10
@@ -192,6 +205,8 @@ class AdaptiveLength:
     _idle: int = field(init=False, default=0)     # consecutive plain rounds
     _gate_active: bool = field(init=False, default=True)
     _pos_rates: np.ndarray = field(init=False, default=None)
+    _probing: bool = field(init=False, default=False)
+    _probe_z: float = field(init=False, default=0.0)
 
     def __post_init__(self) -> None:
         self._pos = _Decayed(self.k_max, strength=8.0)
@@ -199,13 +214,13 @@ class AdaptiveLength:
 
     # -- the model ------------------------------------------------------------------------
 
-    def position_rates(self) -> np.ndarray:
+    def position_rates(self, z: Optional[float] = None) -> np.ndarray:
         """Acceptance per position, shrunk towards the pooled rate of all positions and raised
         by the pooled rate's standard error: while evidence is thin the policy gives drafting
         the benefit of the doubt, so a few unlucky rejections cannot stop it for good."""
         pooled = self._pos.pooled(self.prior)
         n = self._pos.tested.sum() + self._pos.strength
-        bonus = self.z * np.sqrt(pooled * (1 - pooled) / n)
+        bonus = (self.z if z is None else z) * np.sqrt(pooled * (1 - pooled) / n)
         return np.minimum(MAX_ACCEPTANCE, self._pos.rates(pooled) + bonus)
 
     def expected(self, k: int) -> tuple[float, float]:
@@ -219,11 +234,29 @@ class AdaptiveLength:
         Drafting must beat plain decoding by ``margin`` (a break-even gamble on a draft as
         slow as the target only adds variance)."""
         ks = np.arange(0, self.k_max + 1)
-        tokens = 1.0 + np.concatenate(([0.0], np.cumsum(np.cumprod(self.position_rates()))))
-        rate = tokens / (ks * self.costs.draft + self.costs.t(ks + 1))
+        seconds = ks * self.costs.draft + self.costs.t(ks + 1)
+
+        def rates(z):
+            reach = np.cumprod(self.position_rates(z))
+            return (1.0 + np.concatenate(([0.0], np.cumsum(reach)))) / seconds
+
+        rate = rates(None)
         k = int(np.argmax(rate))
         if rate[k] < rate[0] * (1 + self.margin):
             k = 0
+            # Explore: a few unlucky rounds must not stop drafting for good. If drafting
+            # would pay at an acceptance z standard errors above the estimate, the evidence
+            # is too thin to give up: probe (slow start keeps the probe short). z grows with
+            # the log of the plain rounds since the last draft (as in UCB1), so probes of a
+            # pair that does not pay get rarer and rarer; one that cannot pay even at
+            # MAX_ACCEPTANCE is never probed.
+            z = self.z_probe * np.sqrt(max(1.0, np.log1p(self._idle)))
+            optimistic = rates(z)
+            k_opt = int(np.argmax(optimistic))
+            if optimistic[k_opt] >= rate[0] * (1 + self.margin):
+                self._probing, self._probe_z = True, z
+                return k_opt, float(optimistic[k_opt])
+        self._probing = False
         return k, float(rate[k])
 
     def _acceptance_at(self, confidence: float) -> float:
@@ -253,7 +286,7 @@ class AdaptiveLength:
         k = min(k, 4 << min(self._streak, 8))
         self._planned = k
         self._reach = 1.0
-        self._pos_rates = self.position_rates()
+        self._pos_rates = self.position_rates(self._probe_z if self._probing else None)
         pooled = self._pos.pooled(self.prior)
         self._gate_active = bool(self._conf.rates(1.0, z=self.z).min() < 0.9 * pooled)
         return k
