@@ -287,6 +287,12 @@ class AdaptiveLength:
         self._planned = k
         self._reach = 1.0
         self._pos_rates = self.position_rates(self._probe_z if self._probing else None)
+        if k:
+            # The value of time while drafting is the rate of the round actually planned: the
+            # rate of the uncapped best K would make every continuation of a capped draft
+            # look too dear, and the draft would stop at once, round after round.
+            tokens = 1.0 + float(np.cumprod(self._pos_rates[:k]).sum())
+            self._rate = tokens / (k * self.costs.draft + self.costs.t(k + 1))
         pooled = self._pos.pooled(self.prior)
         self._gate_active = bool(self._conf.rates(1.0, z=self.z).min() < 0.9 * pooled)
         return k

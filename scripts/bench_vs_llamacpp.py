@@ -48,7 +48,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=default_threads())
     args = ap.parse_args()
     n_maxes = [int(x) for x in args.n_max.split(",")]
-    names = ["edgespec adaptive", "edgespec plain"] + [f"llama.cpp n-max {k}" for k in n_maxes]
+    names = ["edgespec default", "edgespec plain"] + [f"llama.cpp n-max {k}" for k in n_maxes]
     tot = {k: [0, 0.0] for k in names}
     greedy = SamplingParams(temperature=0.0)
     with Engine.load(target=args.target, draft=args.draft, n_threads=args.threads) as eng:
@@ -59,20 +59,22 @@ def main() -> int:
                 for name in order:
                     if name.startswith("edgespec"):
                         out = eng.generate(prompt, max_tokens=args.max_tokens, sampling=greedy,
-                                           raw=True, speculative=name.endswith("adaptive"))
+                                           raw=True, speculative=name.endswith("default"))
                         n, s = out.stats.completion_tokens, out.stats.decode_seconds
                     else:
                         n, s = run_cpp(args.binary, args.target, args.draft, prompt,
                                        args.max_tokens, int(name.split()[-1]), args.threads)
                     tot[name][0] += n
                     tot[name][1] += s
-                print(f"prompt {i + 1}/{len(prompts)}: " + ", ".join(
+                print(f"after prompt {i + 1}/{len(prompts)} (running totals): " + ", ".join(
                     f"{k} {v[0] / v[1]:.1f}" for k, v in tot.items() if v[1]), file=sys.stderr)
     print(f"{'':22}{'tok/s':>8}")
     for k, (n, s) in tot.items():
         print(f"{k:22}{n / s:8.1f}")
     best_cpp = max(n / s for k, (n, s) in tot.items() if k.startswith("llama.cpp"))
-    print(f"edgespec adaptive / best llama.cpp: {tot['edgespec adaptive'][0] / tot['edgespec adaptive'][1] / best_cpp:.2f}x")
+    print(f"edgespec default / best llama.cpp: {tot['edgespec default'][0] / tot['edgespec default'][1] / best_cpp:.2f}x")
+    mine, plain = (tot[k][0] / tot[k][1] for k in ("edgespec default", "edgespec plain"))
+    print(f"edgespec default / edgespec plain: {mine / plain:.2f}x")
     return 0
 
 

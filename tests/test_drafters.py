@@ -235,3 +235,22 @@ def test_plain_passes_rescale_every_cost():
     assert c.draft / c.t(1) == pytest.approx(0.014 / 0.030, rel=1e-6)
     c.observe_target(9, 0.050)                 # a batch pass updates its own entry only
     assert c.t(1) == pytest.approx(0.024, rel=0.02)
+
+
+def test_free_drafts_are_not_cut_by_the_slow_start_cap():
+    """n-gram drafts cost ~0, so the uncapped best K is long and its rate high. After a round
+    with no match the slow start caps the plan at 4; valuing those 4 tokens' time at the
+    uncapped rate made every continuation look too dear: the draft stopped at once, and
+    then round after round (measured: n-gram drafting fell to 1.09x on summaries)."""
+    free = {1: 0.0202, 2: 0.0272, 4: 0.0305, 8: 0.0401, 16: 0.0565, 33: 0.0946}
+    pol = AdaptiveLength(Costs(dict(free), 1e-4))
+    drafted = []
+    for r in range(60):
+        k, n = pol.plan(), 0
+        while n < k and pol.keep_drafting(n, 0.25):
+            n += 1
+        if r % 5 == 4:
+            n = 0                                   # no n-gram match this round
+        drafted.append(n)
+        pol.observe(n, n, [0.25] * n, [], free[1] if n == 0 else 0.03)
+    assert all(d > 0 for i, d in enumerate(drafted) if i % 5 != 4)
