@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Protocol, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -442,15 +442,22 @@ class ModelDrafter:
         # Seconds per token to bring the cache up to the context after others committed
         # tokens it has not seen (n-gram rounds); None until measured on a batch of 4+.
         self.catch_up_cost: Optional[float] = None
+        self.extended = 0     # n-gram tokens that ended the last draft (see draft())
 
     def lag(self, context: Sequence[int]) -> int:
         """Tokens of the context the draft's cache has not evaluated yet."""
         return len(context) - len(self.model.tokens)
 
     def draft(self, context: Sequence[int], k: int, params: SamplingParams,
-              rng: np.random.Generator, policy: LengthPolicy) -> tuple[list[int], list[Dist]]:
+              rng: np.random.Generator, policy: LengthPolicy,
+              extend: Optional[Callable[[list[int]], list[int]]] = None
+              ) -> tuple[list[int], list[Dist]]:
+        """Draft up to ``k`` tokens. ``extend(x)``, asked after each drawn token, may return
+        tokens that continue ``x`` (an n-gram match): they end the draft with one-hot q, and
+        ``self.extended`` says how many there were. The extender bounds their number."""
         t0 = time.perf_counter()
         m = self.model
+        self.extended = 0
         n_cached = len(m.tokens)
         assert m.tokens == context[:n_cached], "draft cache diverged from the context"
         row = m.eval(context[n_cached:], 1)[0]
@@ -482,6 +489,15 @@ class ModelDrafter:
             q.append(q_i)
             confs.append(confidence)
             if x_i in self.eog or i == k - 1:
+                break
+            more = extend(x) if extend is not None else []
+            if more:
+                # The continuation is a function of the tokens drawn so far: a one-hot q
+                # for each keeps rejection sampling exact.
+                x.extend(more)
+                q.extend(Dist.one_hot(t) for t in more)
+                confs.extend([None] * len(more))
+                self.extended = len(more)
                 break
             if tail:
                 tail.append(x_i)
@@ -562,6 +578,7 @@ class HybridPolicy:
         self.model, self.ngram = model, ngram
         self.active: Optional[LengthPolicy] = None
         self._planned = {"model": 0, "ngram": 0}
+        self._extended = 0
 
     @property
     def needs_confidence(self) -> bool:
@@ -570,7 +587,13 @@ class HybridPolicy:
     def plan(self) -> int:
         self._planned = {"model": self.model.plan(), "ngram": self.ngram.plan()}
         self.active = None
+        self._extended = 0
         return max(self._planned.values())
+
+    def extended(self, n: int) -> None:
+        """The model's draft this round ended with ``n`` n-gram tokens: the model's policy
+        learns only from the model's own tokens."""
+        self._extended = n
 
     def use(self, source: Optional[str]) -> int:
         """Make ``source`` ("model" or "ngram"; None: neither, a plain round) the active
@@ -597,6 +620,12 @@ class HybridPolicy:
 
     def observe(self, k, n, confidences, draft_step_seconds, verify_seconds) -> None:
         if self.active is not None:
+            if self.active is self.model and self._extended:
+                m = k - self._extended
+                costs = getattr(self.model, "costs", None)
+                if costs is not None:   # the verify pass also checked the n-gram tokens
+                    verify_seconds *= costs.t(m + 1) / costs.t(k + 1)
+                k, n, confidences = m, min(n, m), confidences[:m]
             self.active.observe(k, n, confidences, draft_step_seconds, verify_seconds)
             other = self.ngram if self.active is self.model else self.model
             rest = getattr(other, "rest", None)
@@ -618,10 +647,11 @@ class HybridDrafter:
     """
 
     def __init__(self, model_drafter: ModelDrafter, ngram: Optional[NgramDrafter] = None,
-                 min_match: int = 2):
+                 min_match: int = 2, extend_match: int = 6):
         self.model = model_drafter
         self.ngram = ngram or NgramDrafter(ngram_min=min_match)
         self.min_match = min_match
+        self.extend_match = extend_match
         self.step_seconds: list[float] = []
         self.confidences: list = []
         # Stretches without a usable n-gram match, in tokens: an estimate of how long the
@@ -658,13 +688,28 @@ class HybridDrafter:
                 self.step_seconds, self.confidences = [], []
                 return [], []
             k_model = min(k, use("model")) if use else k
-            x, q = (self.model.draft(context, k_model, params, rng, policy) if k_model > 0
-                    else ([], []))
             source = self.model
-            if k_model <= 0:
+            if k_model > 0:
+                x, q = self.model.draft(context, k_model, params, rng, policy,
+                                        extend=self._extender(context, k))
+                if self.model.extended and hasattr(policy, "extended"):
+                    policy.extended(self.model.extended)
+            else:
+                x, q = [], []
                 self.model.step_seconds, self.model.confidences = [], []
         self.step_seconds, self.confidences = source.step_seconds, source.confidences
         return x, q
+
+    def _extender(self, context, k):
+        """While the model drafts: a long n-gram match of the context and the draft so far
+        (the answer has started to quote) continues the draft for free, up to the loop's
+        bound ``k`` rather than the model's plan, since those tokens cost no draft steps."""
+        tail = list(context[-self.ngram.window:])
+
+        def extend(x: list[int]) -> list[int]:
+            more = self.ngram.lookup(tail + x, k - len(x))
+            return more if self.ngram.last_match >= self.extend_match else []
+        return extend
 
     def _catch_up_pays(self, context, policy) -> bool:
         lag = self.model.lag(context)

@@ -138,11 +138,12 @@ class _FakeModelDrafter:
     def __init__(self):
         self.seconds, self.step_seconds, self.confidences = 0.0, [], []
         self.catch_up_cost = None
+        self.extended = 0
 
     def lag(self, context):
         return 1
 
-    def draft(self, context, k, params, rng, policy):
+    def draft(self, context, k, params, rng, policy, extend=None):
         x = []
         for i in range(k):
             if not policy.keep_drafting(i, 0.9):

@@ -139,7 +139,21 @@ def make_drafter(kind: str, draft: MarkovLM):
         return ModelDrafter(draft, frozenset())
     if kind == "ngram":
         return NgramDrafter(ngram_min=1, ngram_max=3)
+    if kind == "hybrid-extend":
+        # The model drafts when there is no 3-token match and a 2-token match of the context
+        # plus its draft ends the draft with the n-gram's continuation.
+        return HybridDrafter(_CountingModelDrafter(draft, frozenset()), min_match=3,
+                             extend_match=2)
     return HybridDrafter(ModelDrafter(draft, frozenset()), min_match=2)
+
+
+class _CountingModelDrafter(ModelDrafter):
+    extended_rounds = 0
+
+    def draft(self, *args, **kwargs):
+        out = super().draft(*args, **kwargs)
+        self.extended_rounds += bool(self.extended)
+        return out
 
 
 def make_policy(K):
@@ -156,6 +170,7 @@ def run_loop(K, seed: int, kind: str = "model"):
     target_logits, draft_logits = markov_pair()
     target, draft = MarkovLM(target_logits), MarkovLM(draft_logits)
     drafter = make_drafter(kind, draft)
+    run_loop.drafter = drafter
     policy = make_policy(K)
     params = SamplingParams.neutral(1.0)
     rng = np.random.default_rng(seed)
@@ -197,10 +212,13 @@ def test_multi_position_loop_matches_plain_sampling(K):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind,K", [("ngram", 4), ("hybrid", 4), ("hybrid", "hybrid-adaptive")])
+@pytest.mark.parametrize("kind,K", [("ngram", 4), ("hybrid", 4), ("hybrid", "hybrid-adaptive"),
+                                    ("hybrid-extend", 6)])
 def test_multi_position_other_drafters_match_plain_sampling(kind, K):
     seqs, stats = run_loop(K, seed=7 + len(kind), kind=kind)
     assert stats.drafted > 0 and 0 < stats.accepted < stats.drafted
+    if kind == "hybrid-extend":     # model drafts that an n-gram match continued
+        assert run_loop.drafter.model.extended_rounds > 1000
     check_matches_plain(seqs)
 
 
