@@ -181,8 +181,8 @@ class AdaptiveLength:
     (a draft as slow as the target) is not probed at all. K is chosen on the estimates
     (raised by ``z`` standard errors, 0 by default); the choice of plain decoding is checked
     against estimates ``z_probe``·√log(plain rounds) standard errors higher, so that thin
-    evidence (one unlucky first round) leads to a short probe rather than to giving up. The confidence gate starts
-    fully trusting and learns which confidence levels get rejected.
+    evidence (one unlucky first round) leads to a short probe rather than to giving up. The
+    confidence gate starts fully trusting and learns which confidence levels get rejected.
     """
 
     costs: Costs
@@ -223,9 +223,10 @@ class AdaptiveLength:
         bonus = (self.z if z is None else z) * np.sqrt(pooled * (1 - pooled) / n)
         return np.minimum(MAX_ACCEPTANCE, self._pos.rates(pooled) + bonus)
 
-    def expected(self, k: int) -> tuple[float, float]:
-        """(expected tokens, expected seconds) of a round that drafts k tokens."""
-        reach = np.cumprod(self.position_rates()[:k])
+    def expected(self, k: int, rates: Optional[np.ndarray] = None) -> tuple[float, float]:
+        """(expected tokens, expected seconds) of a round that drafts k tokens, with these
+        acceptance rates per position (default: :meth:`position_rates`)."""
+        reach = np.cumprod((self.position_rates() if rates is None else rates)[:k])
         return 1.0 + float(reach.sum()), k * self.costs.draft + self.costs.t(k + 1)
 
     def best(self) -> tuple[int, float]:
@@ -291,8 +292,8 @@ class AdaptiveLength:
             # The value of time while drafting is the rate of the round actually planned: the
             # rate of the uncapped best K would make every continuation of a capped draft
             # look too dear, and the draft would stop at once, round after round.
-            tokens = 1.0 + float(np.cumprod(self._pos_rates[:k]).sum())
-            self._rate = tokens / (k * self.costs.draft + self.costs.t(k + 1))
+            tokens, seconds = self.expected(k, self._pos_rates)
+            self._rate = tokens / seconds
         pooled = self._pos.pooled(self.prior)
         self._gate_active = bool(self._conf.rates(1.0, z=self.z).min() < 0.9 * pooled)
         return k
