@@ -110,7 +110,7 @@ def run_bench(engine, prompts: list[str], *, max_tokens: int, sampling: Sampling
               raw: bool, ks: list[int], repeats: int = 1, peers: bool = True,
               log=print) -> dict:
     from .backend import LlamaCppPythonPeer
-    from .drafters import calibrate_cached
+    from .drafters import Costs, calibrate
     from .engine import Engine
 
     configs = make_configs(ks, engine.draft is not None, peers)
@@ -123,7 +123,10 @@ def run_bench(engine, prompts: list[str], *, max_tokens: int, sampling: Sampling
                 peer_objs[c.name] = LlamaCppPythonPeer(
                     engine.target.path, n_ctx=2048, n_threads=engine.target.config.n_threads,
                     prompt_lookup=c.peer == "lookup")
-        costs = calibrate_cached(engine.target, engine.draft)
+        # The cost model's prediction needs costs measured on this run's machine state:
+        # calibrate before and after the runs and average (a cached calibration can be days
+        # old, and a shared machine's speed drifts by tens of percent).
+        before = calibrate(engine.target, engine.draft)
         totals = {c.name: Totals() for c in configs}
         token_prompts = [engine.prompt_tokens(p, raw=raw) for p in prompts]
         for r in range(repeats):
@@ -142,6 +145,9 @@ def run_bench(engine, prompts: list[str], *, max_tokens: int, sampling: Sampling
                                                           else "") + ": " +
                     ", ".join(f"{c.name} {totals[c.name].per_prompt[-1]:.1f}" for c in configs)
                     + " tok/s")
+        after = calibrate(engine.target, engine.draft)
+        costs = Costs({n: (before.target[n] + after.target[n]) / 2 for n in before.target},
+                      (before.draft + after.draft) / 2)
     finally:
         for p in peer_objs.values():
             p.close()

@@ -382,6 +382,26 @@ def _fingerprint(model: LlamaModel) -> str:
            f"ngl{c.n_gpu_layers}"
 
 
+def _current(key: str) -> bool:
+    """Whether a calibration entry still describes files on this machine: entries for deleted
+    or rewritten files (a removed model, a test's temporary copy) and for an older key format
+    are dropped when the cache is next written, so that it does not grow without end."""
+    from pathlib import Path
+    for part in key.split("||"):
+        if part == "-":
+            continue
+        fields = part.split("|")
+        if len(fields) != 5:
+            return False
+        try:
+            st = Path(fields[0]).stat()
+        except OSError:
+            return False
+        if f"{st.st_size}|{int(st.st_mtime)}" != "|".join(fields[1:3]):
+            return False
+    return True
+
+
 def calibrate_cached(target: LlamaModel, draft: Optional[LlamaModel]) -> Costs:
     """:func:`calibrate`, remembered per model file, threads and offload in the user's cache
     directory so that only the first load of a pair on a machine pays for it (~1 s)."""
@@ -396,6 +416,7 @@ def calibrate_cached(target: LlamaModel, draft: Optional[LlamaModel]) -> Costs:
     if isinstance(entry, dict) and "target" in entry and "draft" in entry:
         return Costs({int(n): float(v) for n, v in entry["target"].items()}, float(entry["draft"]))
     costs = calibrate(target, draft)
+    saved = {k: v for k, v in saved.items() if _current(k)}
     saved[key] = {"target": costs.target, "draft": costs.draft}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

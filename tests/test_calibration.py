@@ -1,0 +1,63 @@
+"""The cost calibration and its per-machine cache, on a real model through real llama.cpp."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from edgespec.backend import LlamaModel
+from edgespec.config import ModelConfig
+from edgespec.drafters import calibrate, calibrate_cached
+
+
+@pytest.fixture(scope="module")
+def q4(smollm2_q4_path):
+    m = LlamaModel(ModelConfig(smollm2_q4_path, n_ctx=512))
+    yield m
+    m.close()
+
+
+def test_calibration_measures_and_restores_the_cache(q4):
+    q4.eval([1, 2, 3], 1)
+    before = list(q4.tokens)
+    costs = calibrate(q4, q4, sizes=(1, 4, 16))
+    assert q4.tokens == before                    # the models' contents are left as they were
+    assert set(costs.target) == {1, 4, 16}
+    assert all(v > 0 for v in costs.target.values()) and costs.draft > 0
+    assert costs.target[16] > costs.target[1]     # 16 tokens cost more than one on a CPU
+    q4.truncate(0)
+
+
+def test_cache_is_reused_and_drops_entries_for_files_that_are_gone(q4, tmp_path, monkeypatch,
+                                                                  smollm2_q4_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    cache = tmp_path / "cache" / "edgespec" / "calibration.json"
+    gone = tmp_path / "gone.gguf"
+    shutil.copy(smollm2_q4_path, gone)
+    st = gone.stat()
+    stale = {
+        # a model file since deleted (a test's temporary copy, a removed model)
+        f"{gone}|{st.st_size}|{int(st.st_mtime)}|t2|ngl-1||-": {"target": {"1": 1.0}, "draft": 1.0},
+        # the file exists but was rewritten since it was measured
+        f"{smollm2_q4_path.resolve()}|1|2|t2|ngl-1||-": {"target": {"1": 1.0}, "draft": 1.0},
+        # an older key format
+        f"{smollm2_q4_path.resolve()}|1|2|t2|ngl-1|ctx4096||-": {"target": {"1": 1.0},
+                                                                "draft": 1.0},
+    }
+    gone.unlink()
+    cache.parent.mkdir(parents=True)
+    cache.write_text(json.dumps(stale))
+
+    first = calibrate_cached(q4, None)
+    saved = json.loads(cache.read_text())
+    assert len(saved) == 1 and not set(saved) & set(stale)
+    (key, entry), = saved.items()
+    assert key.startswith(str(smollm2_q4_path.resolve()) + "|") and key.endswith("||-")
+    assert entry["target"]["1"] == pytest.approx(first.t(1))
+
+    # A second load on this machine reads the cache instead of measuring again.
+    entry["target"] = {n: 123.0 for n in entry["target"]}
+    cache.write_text(json.dumps(saved))
+    assert calibrate_cached(q4, None).t(1) == 123.0
