@@ -137,10 +137,19 @@ def cmd_run(args) -> int:
     sampling = sampling_from_args(args)
     with load_engine(args, _status) as eng:
         prompt = args.prompt
-        if args.system and not args.raw:
+        raw = args.raw
+        if not raw and not args.system and eng.template.source is None:
+            # No chat template: a base model (Gemma-3-270M). Wrapped in ChatML it continues
+            # the markup instead of the text, so complete the prompt as-is, as llama-cli and
+            # Ollama do with such models; --system still asks for the chat format.
+            raw = True
+            if not args.quiet:
+                _status(f"note: {eng.target.path.name} has no chat template, so the prompt is "
+                        "completed as-is (--system sends it as a chat message)")
+        if args.system and not raw:
             prompt = [{"role": "system", "content": args.system},
                       {"role": "user", "content": args.prompt}]
-        kw = dict(max_tokens=args.max_tokens, sampling=sampling, raw=args.raw,
+        kw = dict(max_tokens=args.max_tokens, sampling=sampling, raw=raw,
                   stop=args.stop or ())
         if args.json:
             out = eng.generate(prompt, **kw)
@@ -163,7 +172,8 @@ def cmd_run(args) -> int:
 
 def build_run_parser(sub) -> None:
     p = sub.add_parser("run", help="generate a completion for one prompt")
-    p.add_argument("prompt", help="the prompt (a user message unless --raw)")
+    p.add_argument("prompt", help="the prompt: a user message, or sent as-is with --raw or "
+                                  "when the model has no chat template (a base model)")
     p.add_argument("--max-tokens", "-n", type=int, default=256, metavar="N")
     p.add_argument("--no-spec", action="store_true", help="plain target-only decoding")
     p.add_argument("--raw", action="store_true", help="send the prompt as-is, no chat template")

@@ -145,7 +145,7 @@ class Engine:
                                      bos_token=special(target.vocab.bos),
                                      eos_token=special(target.vocab.eos))
         if self.template.is_fallback:
-            log.warning("%s: %s; using the ChatML format", target.path.name,
+            log.warning("%s: %s; chat messages use the ChatML format", target.path.name,
                         self.template.fallback_reason)
         self.drafter = self._make_drafter()
         self._policies: dict = {}

@@ -103,6 +103,23 @@ def test_run_streams_text_and_stats(smollm2_f32_path, smollm2_q4_path):
     assert "tok/s" in proc.stderr and "acceptance" in proc.stderr
 
 
+def test_run_completes_as_is_with_a_model_that_has_no_chat_template(gemma_q4_path):
+    # Gemma-3-270M is a base model without a chat template: wrapped in ChatML it would
+    # continue the markup. `run` completes the prompt as-is (as llama-cli does) and says so.
+    args = ("run", "The history of the Roman Empire", "--target", gemma_q4_path, "--no-spec",
+            "--temperature", "0", "-n", "6", "--json")
+    auto, raw, system = (edgespec(*args), edgespec(*args, "--raw"),
+                         edgespec(*args, "--system", "Answer briefly."))
+    for proc in (auto, raw, system):
+        assert proc.returncode == 0, proc.stderr
+    a, r, s = (json.loads(p.stdout) for p in (auto, raw, system))
+    assert a["tokens"] == r["tokens"]
+    assert a["stats"]["prompt_tokens"] == r["stats"]["prompt_tokens"] < 10
+    assert "completed as-is" in auto.stderr and "completed as-is" not in raw.stderr
+    # --system asks for the chat format (the ChatML fallback): a longer prompt
+    assert s["stats"]["prompt_tokens"] > r["stats"]["prompt_tokens"] + 10
+
+
 def test_no_spec_and_ngram_drafter(smollm2_f32_path):
     a = edgespec("run", "a b a b a b a b", "--target", smollm2_f32_path, "--raw",
                  "--temperature", "0", "-n", "8", "--json", "--no-spec")
