@@ -39,6 +39,7 @@ class Totals:
     tokens: int = 0
     seconds: float = 0.0
     llama_seconds: float = 0.0
+    head_seconds: float = 0.0
     drafted: int = 0
     accepted: int = 0
     passes: int = 0
@@ -51,6 +52,7 @@ class Totals:
         self.tokens += s.completion_tokens
         self.seconds += s.decode_seconds
         self.llama_seconds += s.llama_seconds
+        self.head_seconds += s.head_seconds
         self.drafted += s.drafted
         self.accepted += s.accepted
         self.passes += s.target_passes
@@ -126,7 +128,7 @@ def run_bench(engine, prompts: list[str], *, max_tokens: int, sampling: Sampling
         # The cost model's prediction needs costs measured on this run's machine state:
         # calibrate before and after the runs and average (a cached calibration can be days
         # old, and a shared machine's speed drifts by tens of percent).
-        before = calibrate(engine.target, engine.draft)
+        before = calibrate(engine.target, engine.draft, head=engine.draft_head)
         totals = {c.name: Totals() for c in configs}
         token_prompts = [engine.prompt_tokens(p, raw=raw) for p in prompts]
         for r in range(repeats):
@@ -145,7 +147,7 @@ def run_bench(engine, prompts: list[str], *, max_tokens: int, sampling: Sampling
                                                           else "") + ": " +
                     ", ".join(f"{c.name} {totals[c.name].per_prompt[-1]:.1f}" for c in configs)
                     + " tok/s")
-        after = calibrate(engine.target, engine.draft)
+        after = calibrate(engine.target, engine.draft, head=engine.draft_head)
         costs = Costs({n: (before.target[n] + after.target[n]) / 2 for n in before.target},
                       (before.draft + after.draft) / 2)
     finally:
@@ -160,6 +162,8 @@ def run_bench(engine, prompts: list[str], *, max_tokens: int, sampling: Sampling
                "tokens": t.tokens}
         if c.spec is not None or c.name == "plain":
             row["outside_llama_share"] = 1 - t.llama_seconds / t.seconds if t.seconds else 0
+            # of which the draft's reduced output layer (model compute done in numpy)
+            row["draft_head_share"] = t.head_seconds / t.seconds if t.seconds else 0
         if c.spec is not None:
             draft_cost = (costs.draft if c.spec.drafter == "model" else
                           t.draft_seconds / t.drafted if t.drafted else 0.0)
@@ -188,7 +192,7 @@ def run_bench(engine, prompts: list[str], *, max_tokens: int, sampling: Sampling
 
 def format_report(res: dict) -> str:
     head = (f"{'':24}{'tok/s':>7}{'speedup':>9}{'predicted':>10}{'accept':>8}{'tok/pass':>9}"
-            f"{'outside llama.cpp':>19}")
+            f"{'outside llama.cpp':>19}{'draft head':>12}")
     lines = [head]
     for name, r in res["configs"].items():
         pred = r.get("predicted_speedup")
@@ -197,7 +201,8 @@ def format_report(res: dict) -> str:
             f"{(f'{pred:.2f}x' if pred else ''):>10}"
             f"{(format(r['acceptance_rate'], '.0%') if 'acceptance_rate' in r else ''):>8}"
             f"{(format(r['tokens_per_pass'], '.2f') if 'tokens_per_pass' in r else ''):>9}"
-            f"{(format(r['outside_llama_share'], '.1%') if 'outside_llama_share' in r else ''):>19}")
+            f"{(format(r['outside_llama_share'], '.1%') if 'outside_llama_share' in r else ''):>19}"
+            f"{(format(r['draft_head_share'], '.1%') if r.get('draft_head_share') else ''):>12}")
     c = res["costs"]
     tb = ", ".join(f"{n}: {1000 * v:.1f}" for n, v in c["target_seconds_by_batch"].items())
     lines += [

@@ -129,7 +129,10 @@ def format_stats(s) -> str:
         parts.append(f"{s.tokens_per_pass:.2f} tokens/target pass")
     parts.append(f"prompt {s.prompt_tokens} tokens ({s.prompt_tokens_evaluated} evaluated, "
                  f"{s.prompt_tokens_per_second:.0f} tok/s)")
-    parts.append(f"outside llama.cpp {s.python_share:.1%}")
+    outside = 1 - s.llama_seconds / s.decode_seconds if s.decode_seconds else 0.0
+    head = s.head_seconds / s.decode_seconds if s.decode_seconds else 0.0
+    parts.append(f"outside llama.cpp {outside:.1%}" +
+                 (f" (draft head {head:.1%}, the rest {s.python_share:.1%})" if head else ""))
     return " · ".join(parts)
 
 

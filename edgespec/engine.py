@@ -33,9 +33,11 @@ import numpy as np
 from .backend import LlamaModel, backend_info, check_compatible
 from .chat import ChatTemplate, validate_messages
 from .config import ModelConfig, SamplingParams, SpecConfig, default_threads
-from .drafters import (AdaptiveLength, Costs, FixedLength, HybridDrafter, HybridPolicy,
-                       ModelDrafter, NgramDrafter, calibrate_cached)
+from .drafters import (HEAD_MIN_VOCAB, AdaptiveLength, Costs, FixedLength, HybridDrafter,
+                       HybridPolicy, ModelDrafter, NgramDrafter, ReducedHead,
+                       calibrate_cached)
 from .errors import ContextOverflowError, EngineClosedError, InvalidParameterError
+from .gguf_file import read_gguf
 from .speculative import LoopStats, decode
 from .streams import AsyncStream, Job, Stream, Turnstile
 from .textstream import TextAssembler
@@ -58,6 +60,7 @@ class GenerationStats:
     prompt_seconds: float = 0.0
     decode_seconds: float = 0.0
     llama_seconds: float = 0.0         # inside llama_decode, both models, decoding phase
+    head_seconds: float = 0.0          # the draft's reduced output layer (numpy), decoding
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     speculative: bool = False
@@ -84,8 +87,9 @@ class GenerationStats:
 
     @property
     def python_seconds(self) -> float:
-        """Decoding wall time spent outside llama.cpp (drafting logic, verification, text)."""
-        return max(0.0, self.decode_seconds - self.llama_seconds)
+        """Decoding wall time spent outside the models' compute (drafting logic,
+        verification, text): outside llama.cpp and the draft's reduced output layer."""
+        return max(0.0, self.decode_seconds - self.llama_seconds - self.head_seconds)
 
     @property
     def python_share(self) -> float:
@@ -147,12 +151,18 @@ class Engine:
         if self.template.is_fallback:
             log.warning("%s: %s; chat messages use the ChatML format", target.path.name,
                         self.template.fallback_reason)
+        # A draft with a large vocabulary, run on the CPU, skips llama.cpp's output layer and
+        # applies a reduced one (drafters.ReducedHead); shared by engines on the same draft.
+        self.draft_head = (ReducedHead.shared(draft) if draft is not None and draft.can_tap
+                           and draft.n_vocab >= HEAD_MIN_VOCAB
+                           and spec.drafter in ("model", "hybrid") else None)
         self.drafter = self._make_drafter()
         self._policies: dict = {}
         self._costs = None
         if spec.is_adaptive and self.drafter is not None:
             # An n-gram drafter costs microseconds, whatever the draft model would cost.
-            self._costs = calibrate_cached(target, draft if spec.drafter != "ngram" else None)
+            self._costs = calibrate_cached(target, draft if spec.drafter != "ngram" else None,
+                                           head=self.draft_head)
         self._turnstile = Turnstile()
         # Held while the models are used outside a turn (tokenizing, info) and by close()
         # while it frees them.
@@ -205,7 +215,8 @@ class Engine:
                 d_model = LlamaModel(ModelConfig(draft, n_ctx=n_ctx, n_batch=n_batch,
                                                  n_threads=threads,
                                                  n_gpu_layers=draft_n_gpu_layers,
-                                                 n_outputs_max=1, verbose=verbose))
+                                                 n_outputs_max=1, verbose=verbose),
+                                     tap_hidden=read_gguf(draft).n_vocab >= HEAD_MIN_VOCAB)
                 check_compatible(t_model, d_model)
             return cls(t_model, d_model, spec)
         except BaseException:
@@ -217,11 +228,12 @@ class Engine:
     def _make_drafter(self):
         kind = self.spec.drafter
         if kind == "model":
-            return ModelDrafter(self.draft, self.target.vocab.eog)
+            return ModelDrafter(self.draft, self.target.vocab.eog, self.draft_head)
         if kind == "ngram":
             return NgramDrafter()
         if kind == "hybrid":
-            return HybridDrafter(ModelDrafter(self.draft, self.target.vocab.eog))
+            return HybridDrafter(ModelDrafter(self.draft, self.target.vocab.eog,
+                                              self.draft_head))
         return None
 
     def _policy(self, sampling: SamplingParams):
@@ -396,6 +408,7 @@ class Engine:
             t1 = time.perf_counter()
             stats.prompt_seconds = t1 - t0
             llama0 = sum(m.decode_seconds for m in models)
+            head0 = self.draft_head.seconds if self.draft_head is not None else 0.0
 
             context = list(prompt)
             loop_stats = LoopStats()
@@ -441,6 +454,8 @@ class Engine:
                 t2 = time.perf_counter()
                 stats.decode_seconds = t2 - t1
                 stats.llama_seconds = sum(m.decode_seconds for m in models) - llama0
+                stats.head_seconds = (self.draft_head.seconds - head0
+                                      if self.draft_head is not None else 0.0)
                 stats.completion_tokens = len(out_tokens)
                 stats.drafted, stats.accepted = loop_stats.drafted, loop_stats.accepted
                 stats.target_passes = loop_stats.target_passes

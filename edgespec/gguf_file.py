@@ -61,6 +61,8 @@ class GGUFInfo:
     file_size: int
     metadata: dict[str, object] = field(default_factory=dict)
     array_lengths: dict[str, int] = field(default_factory=dict)
+    # name -> (dims, ggml type, absolute offset of its data in the file, size in bytes)
+    tensors: dict[str, tuple[tuple[int, ...], int, int, int]] = field(default_factory=dict)
 
     @property
     def architecture(self) -> str:
@@ -216,11 +218,13 @@ def _parse(p: Path, mm, size: int) -> GGUFInfo:
         if n_dims > 8:
             raise _bad(p, f"tensor '{name}' has {n_dims} dimensions")
         n_elems = 1
+        dims = []
         for _ in range(n_dims):
             d = cur.unpack("<Q")
             if d > 1 << 40:
                 raise _bad(p, f"tensor '{name}' has a dimension of {d}")
             n_elems *= d
+            dims.append(d)
         ttype = cur.unpack("<I")
         offset = cur.unpack("<Q")
         if ttype in GGML_BLOCK:
@@ -228,15 +232,16 @@ def _parse(p: Path, mm, size: int) -> GGUFInfo:
             if n_elems % blck:
                 raise _bad(p, f"tensor '{name}' has {n_elems} elements, not a multiple of "
                               f"its block size {blck}")
-            extents.append((name, offset, n_elems // blck * tsize))
+            extents.append((name, tuple(dims), ttype, offset, n_elems // blck * tsize))
         else:
-            extents.append((name, offset, 0))
+            extents.append((name, tuple(dims), ttype, offset, 0))
 
     data_start = (cur.pos + alignment - 1) // alignment * alignment
-    for name, offset, nbytes in extents:
+    for name, dims, ttype, offset, nbytes in extents:
         if data_start + offset + nbytes > size:
             raise _bad(p, f"tensor '{name}' data runs past the end of the file "
                           "(file truncated?)")
+        info.tensors[name] = (dims, ttype, data_start + offset, nbytes)
     return info
 
 

@@ -1,0 +1,113 @@
+"""The draft's reduced output layer (drafters.ReducedHead) on the real Gemma-3-270M pair.
+
+llama.cpp's graph is stopped after the final norm (LlamaModel.eval_hidden); the tests check
+that the hidden state read there reproduces llama.cpp's own logits, that the KV cache stays
+complete, which tokens the reduced head covers, and that speculative output is still exactly
+the target's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgespec import Engine, SamplingParams
+from edgespec.backend import LlamaModel
+from edgespec.config import ModelConfig
+from edgespec.drafters import FixedLength, ModelDrafter, ReducedHead
+
+from test_real_models import check_greedy_equivalent
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def twins(gemma_q4_path):
+    """The draft model with the tap, and the same file without it (the reference)."""
+    tapped = LlamaModel(ModelConfig(gemma_q4_path, n_ctx=512), tap_hidden=True)
+    plain = LlamaModel(ModelConfig(gemma_q4_path, n_ctx=512))
+    yield tapped, plain
+    tapped.close()
+    plain.close()
+
+
+def test_hidden_state_reproduces_llama_cpps_logits_and_keeps_the_cache(twins):
+    tapped, plain = twins
+    assert tapped.can_tap and not plain.can_tap
+    prompt = tapped.tokenize("The lighthouse keeper wrote in his logbook that")
+    tapped.eval(prompt, 1)
+    plain.eval(prompt, 1)
+    w = tapped.output_rows(range(tapped.n_vocab))      # the tied embeddings, Q8_0 -> float32
+    agree = 0
+    for _ in range(12):
+        reference = plain.last_logits().copy()
+        token = int(np.argmax(reference))
+        hidden = tapped.eval_hidden([token])
+        assert hidden is not None and hidden.shape == (tapped.n_embd,)
+        mine = np.einsum("ij,j->i", w, hidden)
+        # llama.cpp quantizes the activations for its Q8_0 product; the float32 product
+        # differs by that rounding only
+        assert np.max(np.abs(mine - plain.eval([token], 1)[0])) < 0.5
+        agree += int(np.argmax(mine)) == int(np.argmax(plain.last_logits()))
+    assert agree >= 11
+    # Every layer wrote its keys and values before the graph was stopped: a full pass after
+    # the tapped ones gives bit-identical logits to the untapped model's.
+    assert np.array_equal(tapped.eval([236761], 1)[0], plain.eval([236761], 1)[0])
+    tapped.truncate(0)
+    plain.truncate(0)
+
+
+def test_reduced_head_covers_common_tokens_and_learns_the_context(twins):
+    tapped, _ = twins
+    head = ReducedHead(tapped, rows=4096, max_extra=64)
+    period = tapped.tokenize(".", add_special=False)[-1]
+    assert head._member[period] and period >= 4096     # '.' sits at the vocabulary's end
+    assert all(head._member[t] for t in tapped.vocab.eog)
+    rare = [t for t in tapped.tokenize(" thermodynamics cooperative", add_special=False)
+            if not head._member[t]]
+    assert rare, "expected words outside the 4096 lowest ids"
+    tapped.eval(tapped.tokenize("Hello"), 1)
+    hidden = tapped.eval_hidden(tapped.tokenize(" there", add_special=False))
+    row = head.logits(hidden)
+    assert np.isneginf(row[rare]).all()
+    assert np.isneginf(row).sum() == tapped.n_vocab - head.size
+    head.include(rare)
+    row2 = head.logits(hidden)
+    full = np.einsum("ij,j->i", tapped.output_rows(rare), hidden)
+    np.testing.assert_allclose(row2[rare], full, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(row2[head.ids], row[head.ids])
+    tapped.truncate(0)
+
+
+def test_sampled_drafts_come_from_the_reduced_head(twins):
+    tapped, _ = twins
+    head = ReducedHead(tapped, rows=4096, max_extra=256)
+    drafter = ModelDrafter(tapped, tapped.vocab.eog, head)
+    context = tapped.tokenize("Once upon a time, in a small village by the sea,")
+    rng = np.random.default_rng(0)
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    x, q = drafter.draft(context, 6, params, rng, FixedLength(6))
+    assert len(x) == 6
+    for t, dist in zip(x, q):
+        assert head._member[t]
+        dense = dist.dense(tapped.n_vocab)
+        assert dense.sum() == pytest.approx(1.0, abs=1e-5)
+        assert dense[~head._member].max() == 0.0          # q is 0 outside the head
+    tapped.truncate(0)
+
+
+def test_gemma_pair_greedy_speculative_equals_plain(gemma_f32_path, gemma_q4_path):
+    with Engine.load(target=gemma_f32_path, draft=gemma_q4_path, n_ctx=1024,
+                     drafter="model", draft_max=8) as eng:
+        assert eng.draft_head is not None
+        accepted = drafted = 0
+        for prompt in ["The history of the Roman Empire", "def quicksort(arr):",
+                       "A recipe for a simple tomato soup:"]:
+            plain = eng.generate(prompt, max_tokens=48, sampling=GREEDY, raw=True,
+                                 speculative=False)
+            spec = eng.generate(prompt, max_tokens=48, sampling=GREEDY, raw=True)
+            check_greedy_equivalent(gemma_f32_path, eng.prompt_tokens(prompt, raw=True),
+                                    plain.tokens, spec.tokens)
+            drafted += spec.stats.drafted
+            accepted += spec.stats.accepted
+        assert drafted > 0 and accepted / drafted > 0.6   # a broken head would be near 0
