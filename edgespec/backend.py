@@ -199,7 +199,7 @@ class LlamaModel:
     """One GGUF model and one llama.cpp context (see module docstring for the contract)."""
 
     def __init__(self, config: ModelConfig, tap_hidden: bool = False):
-        """``tap_hidden``: make :meth:`eval_hidden` available (a CPU model only; see there)."""
+        """``tap_hidden``: make :meth:`eval_hidden` available (CPU-only llama.cpp builds)."""
         _ensure_init(config.verbose)
         self.config = config
         self._tap: Optional[_Tap] = None
@@ -236,7 +236,10 @@ class LlamaModel:
             cparams.n_threads_batch = config.n_threads
             cparams.no_perf = True
             self.n_embd = C.llama_model_n_embd(model)
-            on_cpu = config.n_gpu_layers == 0 or not C.llama_supports_gpu_offload()
+            # Only where llama.cpp has no GPU backend: with one, even a model kept on the CPU
+            # may have large batches' products run on the GPU (op offload), and the tapped
+            # tensor would then be device memory.
+            on_cpu = not C.llama_supports_gpu_offload()
             lib = _ggml() if tap_hidden and on_cpu else None
             if lib is not None:
                 self._tap = _Tap(lib, self.n_embd)
