@@ -476,18 +476,6 @@ HEAD_ROWS = 16384
 HEAD_MIN_VOCAB = 4 * HEAD_ROWS    # below this the output layer is a small share of a step
 
 
-_pool = None
-
-
-def _head_pool():
-    """One helper thread for the reduced heads' products (idle threads block; none spins)."""
-    global _pool
-    if _pool is None:
-        from concurrent.futures import ThreadPoolExecutor
-        _pool = ThreadPoolExecutor(1, thread_name_prefix="edgespec-head")
-    return _pool
-
-
 class ReducedHead:
     """The draft model's output layer over a subset of the vocabulary, applied in numpy to the
     hidden state that :meth:`LlamaModel.eval_hidden` reads (the idea of FR-Spec, Zhao et al.
@@ -515,7 +503,6 @@ class ReducedHead:
         self._extra_ids = np.empty(max_extra, dtype=np.int64)
         self._extra_w = np.empty((max_extra, self.w.shape[1]), dtype=np.float32)
         self._n_extra = 0
-        self._half = len(self.ids) // 2 if model.config.n_threads >= 2 else 0
         self._out = np.empty(len(self.ids), dtype=np.float32)
         self._extra_out: Optional[np.ndarray] = None
         self.seconds = 0.0      # spent in logits(), cumulative
@@ -548,21 +535,14 @@ class ReducedHead:
 
         The products use einsum, not ``@``: BLAS would start its own threads, which then spin
         against llama.cpp's on the same cores (measured on 2 cores: the draft's steps took
-        twice as long and speculation fell below plain decoding). einsum releases the GIL, so
-        with two or more threads one half of the rows goes to a helper thread (34k rows:
-        4.0 ms on one thread, 2.4 ms on two).
+        twice as long and speculation fell below plain decoding). Splitting the rows over a
+        second Python thread halves the product in isolation but measured no faster between
+        llama.cpp's passes (its threads still hold the other core), so it runs on this one.
         """
         t0 = time.perf_counter()
-        out, half = self._out, self._half
-        if half:
-            job = _head_pool().submit(np.einsum, "ij,j->i", self.w[half:], hidden,
-                                      out=out[half:])
-            np.einsum("ij,j->i", self.w[:half], hidden, out=out[:half])
-            job.result()
-        else:
-            np.einsum("ij,j->i", self.w, hidden, out=out)
+        np.einsum("ij,j->i", self.w, hidden, out=self._out)
         row = np.full(self.n_vocab, -np.inf, dtype=np.float32)
-        row[self.ids] = out
+        row[self.ids] = self._out
         k = self._n_extra
         self._extra_out = np.einsum("ij,j->i", self._extra_w[:k], hidden) if k else None
         if k:
