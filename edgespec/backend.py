@@ -109,6 +109,30 @@ def backend_info() -> dict:
     }
 
 
+def release_free_heap() -> None:
+    """Hand the C heap's free pages back to the system (glibc ``malloc_trim``); elsewhere a
+    no-op. Freeing a model and its context leaves tens of MiB of freed blocks that glibc keeps
+    resident; an application that unloads a model expects its memory back. Measured with a
+    SmolLM2 pair (load, generate, close, 50 times): 103-114 MiB resident after each close
+    without this, 53-54 with it."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        _malloc_trim = False
+        if sys.platform.startswith("linux"):
+            try:
+                fn = ctypes.CDLL(None).malloc_trim   # absent from musl
+                fn.argtypes = [ctypes.c_size_t]
+                fn.restype = ctypes.c_int
+                _malloc_trim = fn
+            except (OSError, AttributeError):
+                pass
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim = None
+
+
 # ---------------------------------------------------------------------------------------------
 # The hidden-state tap
 

@@ -30,7 +30,7 @@ from typing import Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from .backend import LlamaModel, backend_info, check_compatible
+from .backend import LlamaModel, backend_info, check_compatible, release_free_heap
 from .chat import ChatTemplate, validate_messages
 from .config import ModelConfig, SamplingParams, SpecConfig, default_threads
 from .drafters import (HEAD_MIN_VOCAB, AdaptiveLength, Costs, FixedLength, HybridDrafter,
@@ -514,6 +514,7 @@ class Engine:
             if self.draft is not None:
                 self.draft.close()
             self.target.close()
+        release_free_heap()
         _open_engines.discard(self)
 
     def __enter__(self) -> "Engine":

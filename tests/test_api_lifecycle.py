@@ -34,6 +34,7 @@ def pair(smollm2_f32_path, smollm2_q4_path):
 
 def test_load_generate_close_50_times_keeps_memory_flat(pair):
     proc = run("""
+        before = rss_mib()
         rss = []
         for i in range(50):
             with Engine.load(target=TARGET, draft=DRAFT, n_ctx=256, n_threads=1) as eng:
@@ -42,14 +43,17 @@ def test_load_generate_close_50_times_keeps_memory_flat(pair):
                 assert len(out.tokens) == 2
                 loaded = rss_mib()
             rss.append(rss_mib())
-        print(json.dumps({"loaded": loaded, "after_close": rss}))
+        print(json.dumps({"before": before, "loaded": loaded, "after_close": rss}))
     """, *pair)
     assert proc.returncode == 0, proc.stderr
     m = json.loads(proc.stdout)
     after = m["after_close"]
-    # Measured here: ~145 MiB after the first few cycles, +2 MiB over the next 47.
-    assert after[-1] - after[9] < 16, after
-    assert max(after[9:]) - min(after[9:]) < 16, after
+    # Measured here: 44 MiB before the first load, 53 after the first close, 54 after the
+    # 50th. Without close() trimming the C heap, glibc kept 60 MiB of freed blocks resident,
+    # varying from run to run (one CI run saw a 67 MiB jump at the last cycle).
+    assert after[-1] - after[0] < 12, after
+    assert max(after) - min(after) < 12, after
+    assert after[-1] - m["before"] < 32, m
     # close() gives back the models: ~650 MiB of weights and caches while loaded
     assert m["loaded"] - after[-1] > 400, m
 
