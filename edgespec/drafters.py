@@ -483,9 +483,12 @@ class ReducedHead:
     proposes).
 
     Tokens outside the subset get q = 0: they are never proposed, and rejection sampling
-    stays exact because q is still the distribution each draft token was drawn from. A
-    token the context uses joins the subset (a name, an identifier) before the next draft.
-    One head serves every engine sharing the draft model (:meth:`shared`).
+    stays exact because q is still the distribution each draft token was drawn from. The
+    tokens of the conversation being drafted for join the subset (a name, an identifier)
+    before the next draft, and leave it when another conversation starts (:meth:`follow`):
+    the subset stays bounded on a server that runs for days, and a generation's speed does
+    not depend on what was generated before it. One head serves every engine sharing the
+    draft model (:meth:`shared`).
     """
 
     def __init__(self, model: LlamaModel, rows: int = HEAD_ROWS, max_extra: int = 16384):
@@ -503,6 +506,7 @@ class ReducedHead:
         self._extra_ids = np.empty(max_extra, dtype=np.int64)
         self._extra_w = np.empty((max_extra, self.w.shape[1]), dtype=np.float32)
         self._n_extra = 0
+        self._context: list[int] = []     # the conversation the extra rows were added for
         self._out = np.empty(len(self.ids), dtype=np.float32)
         self._extra_out: Optional[np.ndarray] = None
         self.seconds = 0.0      # spent in logits(), cumulative
@@ -517,6 +521,19 @@ class ReducedHead:
     @property
     def size(self) -> int:
         return len(self.ids) + self._n_extra
+
+    def follow(self, context: Sequence[int]) -> None:
+        """Serve this context: add the rows of its tokens; when it does not continue the
+        context served before (another conversation, an edited or regenerated turn), first
+        drop the rows added for that one."""
+        n = len(self._context)
+        if n > len(context) or context[:n] != self._context:
+            self._member[self._extra_ids[:self._n_extra]] = False
+            self._n_extra = 0
+            self._context = []
+            n = 0
+        self.include(context[n:])
+        self._context.extend(context[n:])
 
     def include(self, tokens: Sequence[int]) -> None:
         """Add the output rows of these tokens (those not in the subset yet)."""
@@ -569,7 +586,6 @@ class ModelDrafter:
         self.model = model
         self.eog = eog
         self.head = head        # None: llama.cpp's own output layer over the whole vocabulary
-        self._head_seen = 0     # context tokens the head has been shown
         self.seconds = 0.0
         self.step_seconds: list[float] = []
         self.confidences: list[float] = []
@@ -595,10 +611,7 @@ class ModelDrafter:
         n_cached = len(m.tokens)
         assert m.tokens == context[:n_cached], "draft cache diverged from the context"
         if self.head is not None:
-            if self._head_seen > len(context):     # another conversation
-                self._head_seen = 0
-            self.head.include(context[self._head_seen:])
-            self._head_seen = len(context)
+            self.head.follow(context)
         row, near = self._step(context[n_cached:])
         lag = len(context) - n_cached
         if lag >= 4:

@@ -82,6 +82,35 @@ def test_reduced_head_covers_common_tokens_and_learns_the_context(twins):
     tapped.truncate(0)
 
 
+def test_reduced_head_follows_one_conversation_at_a_time(twins):
+    tapped, _ = twins
+    head = ReducedHead(tapped, rows=4096, max_extra=256)
+    base = head.size
+    first = tapped.tokenize("The thermodynamics seminar met on Tuesday.")
+    rare1 = [t for t in first if not head._member[t]]
+    assert rare1
+    head.follow(first)
+    assert all(head._member[t] for t in rare1) and head.size == base + len(set(rare1))
+    # the same conversation, grown: only the new tokens are added
+    grown = first + tapped.tokenize(" A cooperative bakery", add_special=False)
+    rare2 = [t for t in grown[len(first):] if not head._member[t]]
+    head.follow(grown)
+    assert all(head._member[t] for t in rare1 + rare2)
+    # another conversation (or a regenerated turn): the first one's tokens leave
+    other = tapped.tokenize("Quantum chromodynamics")
+    head.follow(other)
+    gone = set(rare1 + rare2) - set(other)
+    assert gone and not any(head._member[t] for t in gone)
+    assert head.size == base + len({t for t in other if t not in set(head.ids)})
+    assert all(head._member[t] for t in head.ids)          # the base rows stay
+    hidden = tapped.eval_hidden(other)
+    row = head.logits(hidden)
+    assert np.isfinite(row).sum() == head.size and np.isneginf(row[list(gone)]).all()
+    head.follow(other[:2])                                  # shorter: a new conversation
+    assert head.size == base + len({t for t in other[:2] if t not in set(head.ids)})
+    tapped.truncate(0)
+
+
 def test_sampled_drafts_come_from_the_reduced_head(twins):
     tapped, _ = twins
     head = ReducedHead(tapped, rows=4096, max_extra=256)
