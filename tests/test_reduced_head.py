@@ -15,6 +15,7 @@ from edgespec import Engine, SamplingParams
 from edgespec.backend import LlamaModel
 from edgespec.config import ModelConfig
 from edgespec.drafters import FixedLength, ModelDrafter, ReducedHead, top_probability
+from edgespec.sampling import warp
 
 from test_real_models import check_greedy_equivalent
 
@@ -125,6 +126,30 @@ def test_sampled_drafts_come_from_the_reduced_head(twins):
         dense = dist.dense(tapped.n_vocab)
         assert dense.sum() == pytest.approx(1.0, abs=1e-5)
         assert dense[~head._member].max() == 0.0          # q is 0 outside the head
+    tapped.truncate(0)
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.8),                                  # the defaults
+    SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0),   # the whole subset
+    SamplingParams(temperature=0.7, top_k=0, top_p=0.9, min_p=0.02),
+    SamplingParams(temperature=0.8, repeat_penalty=1.3),               # needs the full row
+])
+def test_q_from_the_subset_equals_q_from_the_full_row(twins, params):
+    tapped, _ = twins
+    head = ReducedHead(tapped, rows=4096, max_extra=64)
+    drafter = ModelDrafter(tapped, tapped.vocab.eog, head)
+    context = tapped.tokenize("The old lighthouse keeper said that the storm")
+    head.follow(context)
+    ids, vals = head.subset_logits(tapped.eval_hidden(context))
+    ids, vals = ids.copy(), vals.copy()
+    full = np.full(tapped.n_vocab, -np.inf, dtype=np.float32)
+    full[ids] = vals
+    tail = list(context) if params.uses_penalty else []
+    a = drafter._warp(ids, vals, params, tail).dense(tapped.n_vocab)
+    b = warp(full, params, tail).dense(tapped.n_vocab)
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
+    assert a.sum() == pytest.approx(1.0) and (a > 0).sum() > 1
     tapped.truncate(0)
 
 
