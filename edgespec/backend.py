@@ -183,9 +183,22 @@ class _Tap:
         get_name, get_data, nelements = lib.ggml_get_name, lib.ggml_get_data_f32, \
             lib.ggml_nelements
 
+        # The scheduler asks about each of the graph's ~700 nodes (Gemma-3-270M) every step;
+        # a ctypes call per node to read its name cost ~0.3 ms a step. Node addresses repeat
+        # from step to step (llama.cpp rebuilds a graph in the same memory), so each address
+        # is named once. A hit is always re-checked by name; a stale "not it" can only hide
+        # the node, and then the whole graph runs and eval_hidden() forgets these addresses.
+        self.known: dict[int, bool] = {}
+        known = self.known
+
         def callback(t, ask, _user):
             if ask:
-                return self.on and get_name(t) == _HIDDEN_NODE
+                if not self.on:
+                    return False
+                hit = known.get(t)
+                if hit is None or hit:
+                    hit = known[t] = get_name(t) == _HIDDEN_NODE
+                return hit
             n = nelements(t)
             if n >= n_embd:
                 buf = (ctypes.c_float * n_embd).from_address(get_data(t) + 4 * (n - n_embd))
@@ -457,6 +470,8 @@ class LlamaModel:
         finally:
             tap.on = False
         h, tap.hidden = tap.hidden, None
+        if h is None:
+            tap.known.clear()       # the graph changed under the cached node addresses
         return h
 
     def last_logits(self) -> np.ndarray:
