@@ -365,7 +365,7 @@ def calibrate(target: LlamaModel, draft: Optional[LlamaModel],
             if model is draft and head is not None:
                 hidden = model.eval_hidden([tok] * n)
                 if hidden is not None:
-                    head.logits(hidden)
+                    head.subset_logits(hidden)     # what a greedy draft step computes
             else:
                 model.eval([tok] * n, min(n, model.n_outputs_max))
             best = min(best, time.perf_counter() - t0)
@@ -574,14 +574,14 @@ class ReducedHead:
 
     def logits(self, hidden: np.ndarray) -> np.ndarray:
         """A full-vocabulary logits row: the subset's logits, -inf elsewhere."""
-        ids, vals = self.subset_logits(hidden)
-        row = np.full(self.n_vocab, -np.inf, dtype=np.float32)
-        row[ids] = vals
-        return row
+        self.subset_logits(hidden)
+        return self.last_row()
 
-    def last_finite(self) -> np.ndarray:
-        """The subset's logits of the last product (every finite entry of its row)."""
-        return self._vals[:self.size]
+    def last_row(self) -> np.ndarray:
+        """The last product as a full-vocabulary row (-inf outside the subset)."""
+        row = np.full(self.n_vocab, -np.inf, dtype=np.float32)
+        row[self._all_ids[:self.size]] = self._vals[:self.size]
+        return row
 
 
 class ModelDrafter:
@@ -689,9 +689,7 @@ class ModelDrafter:
         if ids is None:
             return warp(vals, params, tail)
         if tail:
-            row = np.full(self.head.n_vocab, -np.inf, dtype=np.float32)
-            row[ids] = vals
-            return warp(row, params, tail)
+            return warp(self.head.last_row(), params, tail)
         d = warp(vals, params)
         return Dist(ids[d.ids] if d.ids is not None else ids.copy(), d.probs)
 

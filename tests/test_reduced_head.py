@@ -110,9 +110,11 @@ def test_reduced_head_covers_common_tokens_and_learns_the_context(twins):
     full = np.einsum("ij,j->i", tapped.output_rows(rare), hidden)
     np.testing.assert_allclose(row2[rare], full, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(row2[head.ids], row[head.ids])
-    # the drafter's confidence reads only the finite part of the row: the same number
-    assert top_probability(head.last_finite()) == pytest.approx(top_probability(row2), rel=1e-6)
-    assert head.last_finite().size == head.size
+    # the drafter's confidence reads only the subset's logits: the same number
+    ids, vals = head.subset_logits(hidden)
+    assert top_probability(vals) == pytest.approx(top_probability(row2), rel=1e-6)
+    assert vals.size == ids.size == head.size
+    np.testing.assert_array_equal(row2[ids], vals)
     tapped.truncate(0)
 
 
