@@ -3,19 +3,42 @@
 >>> from edgespec import Engine, SamplingParams
 >>> with Engine.load(target="target.gguf", draft="draft.gguf") as eng:   # doctest: +SKIP
 ...     print(eng.generate("Hello", sampling=SamplingParams(temperature=0)).text)
+
+``import edgespec`` is cheap: the Engine (and llama.cpp with it) loads on first use of a name
+that needs it, so the pure parts (``edgespec.speculative``, ``edgespec.drafting``, the
+verifier) import without llama.cpp.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
 from .config import SamplingParams, SpecConfig
-from .engine import Engine, Generation, GenerationStats, StreamEvent
 from .errors import (BackendError, ContextOverflowError, EdgespecError, EngineBusyError,
                      EngineClosedError, IncompatiblePairError, InvalidModelError,
-                     InvalidParameterError, ModelLoadError, ModelNotFoundError)
-from .streams import AsyncStream, Stream
+                     InvalidParameterError, ModelLoadError, ModelNotFoundError,
+                     PromptTooLargeError, TemplateError, TemplateRefused)
+from .results import Generation, GenerationStats, StreamEvent
+
+if TYPE_CHECKING:
+    from .engine import Engine
+    from .streams import AsyncStream, Stream
 
 __version__ = "0.1.0"
+
+_LAZY = {"Engine": "engine", "Stream": "streams", "AsyncStream": "streams"}
 
 __all__ = ["Engine", "SamplingParams", "SpecConfig", "Generation", "GenerationStats", "Stream",
            "AsyncStream", "StreamEvent", "EdgespecError", "InvalidParameterError",
            "ModelLoadError", "InvalidModelError", "IncompatiblePairError", "ContextOverflowError",
            "BackendError", "ModelNotFoundError", "EngineClosedError", "EngineBusyError",
-           "__version__"]
+           "TemplateError", "TemplateRefused", "PromptTooLargeError", "__version__"]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

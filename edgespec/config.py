@@ -1,8 +1,8 @@
-"""Frozen configuration objects, validated on construction.
+"""Frozen configuration objects, validated on construction, and the only home of defaults.
 
 Each invalid value raises :class:`~edgespec.errors.InvalidParameterError` naming the
 parameter and its valid range, so a typo at the command line or in an HTTP body gets the same
-one-line explanation.
+one-line explanation. The shells (command line, chat, server) take their defaults from here.
 """
 
 from __future__ import annotations
@@ -15,6 +15,12 @@ from pathlib import Path
 from .errors import InvalidParameterError
 
 DRAFTERS = ("model", "ngram", "hybrid", "none")
+
+N_CTX = 4096              # context window of each model, in tokens
+N_BATCH = 512             # most tokens per llama.cpp call
+MAX_TOKENS = 256          # most tokens per generation (API, `edgespec run`, the server)
+CHAT_MAX_TOKENS = 1024    # most tokens per answer in `edgespec chat`
+N_OUTPUTS_MIN = 64        # logits rows a target pass can return: bounds the longest draft
 
 
 def _is_number(value: object) -> bool:
@@ -105,21 +111,29 @@ class SpecConfig:
     probability falls below it (llama.cpp's ``--draft-p-min``).
     """
 
-    FIXED_DEFAULT = 16
+    FIXED_DEFAULT = 16        # K when adaptive=False and draft_max is not given
+    K_LIMIT = 256             # the longest draft one may ask for
 
     drafter: str = "model"
     draft_max: int | None = None
     adaptive: bool = True
     p_min: float = 0.0
-    k_max: int = 32
+    k_max: int = 32           # the longest draft the cost model may choose
 
     def __post_init__(self) -> None:
         if self.drafter not in DRAFTERS:
             raise InvalidParameterError("drafter", self.drafter, "one of " + ", ".join(DRAFTERS))
+        lim = self.K_LIMIT
         if self.draft_max is not None:
-            _check_int("draft_max", self.draft_max, 0, 256, valid="an integer in [0, 256]")
+            _check_int("draft_max", self.draft_max, 0, lim, valid=f"an integer in [0, {lim}]")
         _check_real("p_min", self.p_min, 0.0, 1.0, valid="a number in [0, 1]")
-        _check_int("k_max", self.k_max, 1, 256, valid="an integer in [1, 256]")
+        _check_int("k_max", self.k_max, 1, lim, valid=f"an integer in [1, {lim}]")
+
+    @staticmethod
+    def default_drafter(has_draft_model: bool) -> str:
+        """``hybrid`` with a draft model (n-gram matches from the context are free drafts, the
+        model drafts the rest: the fastest on every pair measured), else ``none``."""
+        return "hybrid" if has_draft_model else "none"
 
     @property
     def is_adaptive(self) -> bool:
@@ -145,11 +159,11 @@ class ModelConfig:
     """How one GGUF is loaded: its own context, batch and offload settings."""
 
     path: Path
-    n_ctx: int = 4096
-    n_batch: int = 512
+    n_ctx: int = N_CTX
+    n_batch: int = N_BATCH
     n_threads: int = field(default_factory=default_threads)
     n_gpu_layers: int = -1
-    n_outputs_max: int = 64
+    n_outputs_max: int = N_OUTPUTS_MIN
     verbose: bool = False
 
     def __post_init__(self) -> None:

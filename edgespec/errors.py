@@ -61,6 +61,22 @@ class BackendError(EdgespecError):
     """llama.cpp refused an operation (decode failure, cache that cannot be trimmed, …)."""
 
 
+class TemplateError(EdgespecError):
+    """A chat template could not be rendered within its limits (time, size, sandbox)."""
+
+
+class TemplateRefused(EdgespecError):
+    """The model's own template rejected the conversation (its ``raise_exception``)."""
+
+
+class PromptTooLargeError(EdgespecError):
+    """The conversation is too large to be turned into a prompt."""
+
+
+class ConversationFileError(EdgespecError):
+    """A saved conversation could not be read or written."""
+
+
 class ModelNotFoundError(EdgespecError):
     """A named model or pair is not available locally."""
 

@@ -20,9 +20,9 @@ from typing import Callable, Iterator, Optional
 
 import numpy as np
 
-from .backend import LlamaModel
 from .config import SamplingParams
-from .drafters import Drafter, FixedLength, LengthPolicy
+from .drafting import Draft, Drafter
+from .lm import LanguageModel
 from .sampling import warp
 from .verify import speculative_sampling, verify_greedy
 
@@ -60,63 +60,39 @@ class LoopStats:
                 counts[i] += 1
 
 
-class _Interruptible:
-    """A length policy that also stops drafting as soon as ``should_stop()`` is true, so a
-    cancel takes effect within one draft step rather than one round."""
-
-    def __init__(self, policy: LengthPolicy, should_stop: Callable[[], bool]):
-        self.policy, self.should_stop = policy, should_stop
-
-    @property
-    def needs_confidence(self) -> bool:
-        return getattr(self.policy, "needs_confidence", True)
-
-    def plan(self) -> int:
-        return self.policy.plan()
-
-    def keep_drafting(self, i: int, confidence: Optional[float]) -> bool:
-        return not self.should_stop() and self.policy.keep_drafting(i, confidence)
-
-    def observe(self, *args) -> None:
-        self.policy.observe(*args)
-
-    def __getattr__(self, name):   # anything else a drafter asks of its policy (HybridPolicy.use)
-        return getattr(self.policy, name)
-
-
-def decode(target: LlamaModel, context: list[int], *, params: SamplingParams,
+def decode(target: LanguageModel, context: list[int], *, params: SamplingParams,
            rng: np.random.Generator, max_new: int, drafter: Optional[Drafter] = None,
-           policy: Optional[LengthPolicy] = None, stats: Optional[LoopStats] = None,
+           stats: Optional[LoopStats] = None,
            should_stop: Callable[[], bool] = lambda: False) -> Iterator[Step]:
     """Generate up to ``max_new`` tokens after ``context``.
 
     ``context`` is the committed token list (prompt + tokens generated so far) and is extended
     in place as tokens are committed. Preconditions: ``target.tokens == context[:-1]`` and the
-    drafter's cache holds a prefix of ``context``. ``policy`` decides each round's draft
-    length (default: 8 tokens). Stops after an end-of-generation token (which is yielded),
+    drafter's cache holds a prefix of ``context``; the drafter decides each round's draft
+    length (:mod:`edgespec.drafting`). Stops after an end-of-generation token (which is yielded),
     after ``max_new`` tokens, or when the context window is full; it never asks llama.cpp for
     more than ``n_batch``/``n_outputs_max`` rows or ``n_ctx`` positions. ``should_stop`` is
     polled at every draft step and before each verify pass: when it turns true the loop ends
     without committing the round in progress.
     """
     stats = stats if stats is not None else LoopStats()
-    policy = _Interruptible(policy if policy is not None else FixedLength(8), should_stop)
     eog = target.vocab.eog
     n_vocab = target.n_vocab
     plain_greedy = params.greedy and not params.uses_penalty
     max_rows = min(target.n_batch, target.n_outputs_max)
     limit = len(context) + min(max_new, target.n_ctx - len(context))
     assert target.tokens == context[:-1], "target cache must hold the context minus id_last"
-    draft_seconds0 = drafter.seconds if drafter is not None else 0.0
     try:
         while len(context) < limit:
             # How many drafts fit: the verify pass commits at most K + 1 tokens.
-            K = min(policy.plan(), limit - len(context) - 1, max_rows - 1) if drafter else 0
+            K = min(drafter.plan(), limit - len(context) - 1, max_rows - 1) if drafter else 0
 
             # 1. Draft: up to K tokens x with the distributions q they were drawn from.
-            x, q = drafter.draft(context, K, params, rng, policy) if K > 0 else ([], [])
+            draft = drafter.draft(context, K, params, rng, should_stop) if K > 0 else Draft()
+            x, q = draft.x, draft.q
             K = len(x)
             stats.drafted += K
+            stats.draft_seconds += draft.seconds
             if should_stop():
                 return
 
@@ -139,12 +115,11 @@ def decode(target: LlamaModel, context: list[int], *, params: SamplingParams,
             stats.accepted += n
             stats.record_round(K, n)
             if drafter is not None:
-                policy.observe(K, n, drafter.confidences if K else (),
-                               drafter.step_seconds if K else (), verify_seconds)
+                drafter.observe(draft, n, verify_seconds)
 
             # 4. Trim: drop the rejected drafts from both caches.
             target.truncate(n_base + 1 + n)
-            if drafter is not None and K > 0:
+            if drafter is not None:
                 drafter.rollback(n_base + 1 + n)
 
             # 5. Emit, stopping exactly at an end-of-generation token.
@@ -159,4 +134,3 @@ def decode(target: LlamaModel, context: list[int], *, params: SamplingParams,
         target.truncate(len(context) - 1)
         if drafter is not None:
             drafter.rollback(len(context) - 1)
-            stats.draft_seconds += drafter.seconds - draft_seconds0

@@ -32,7 +32,8 @@ from .errors import EngineBusyError
 class Job:
     """The state a :class:`Stream` and its generator share.
 
-    ``result`` is the finished Generation (set by the generator). ``cancelled`` is this
+    ``result`` is the finished Generation (set by the generator); ``error`` the exception
+    that ended it instead (then ``result`` stays None). ``cancelled`` is this
     generation's own flag: a cancel aimed at one generation can never stop another.
     ``step`` is held while a thread advances the generator, so that a close from another
     thread waits for the step in progress instead of racing it.
@@ -45,6 +46,7 @@ class Job:
         self.advancing = False                 # a thread is inside next() right now
         self.consumer: Optional[int] = None    # the thread that advanced it last
         self.result: Any = None
+        self.error: Optional[BaseException] = None
         self.cancelled_result = cancelled_result   # the result if it never gets to run
         self.generator: Optional[weakref.ref] = None
 
@@ -73,7 +75,7 @@ class Job:
         gen = self.generator() if self.generator is not None else None
         if gen is not None:
             gen.close()
-        if self.result is None:          # closed before it ever ran
+        if self.result is None and self.error is None:     # closed before it ever ran
             self.result = self.cancelled_result
 
 
@@ -143,8 +145,9 @@ class Turnstile:
 
 
 class Stream:
-    """Iterator of :class:`~edgespec.engine.StreamEvent`; ``result`` holds the
-    :class:`~edgespec.engine.Generation` once it has ended.
+    """Iterator of :class:`~edgespec.results.StreamEvent`; ``result`` holds the
+    :class:`~edgespec.results.Generation` once it has ended (None if it ended with an error:
+    the exception was raised to whoever advanced it, and ``error`` keeps it).
 
     The generation waits for its turn when first advanced. ``cancel()`` (any thread, never
     blocks) and ``close()`` (any thread, waits at most one step) stop it; so does dropping the
@@ -161,9 +164,9 @@ class Stream:
     def result(self):
         return self._job.result
 
-    @result.setter
-    def result(self, value) -> None:
-        self._job.result = value
+    @property
+    def error(self) -> Optional[BaseException]:
+        return self._job.error
 
     @property
     def cancelled(self) -> bool:

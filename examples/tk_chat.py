@@ -144,10 +144,7 @@ class ChatWindow:
     def _finished(self, result) -> None:
         self.answering = False
         self.history.append({"role": "assistant", "content": result.text})
-        s = result.stats
-        line = f"{s.completion_tokens} tokens, {s.tokens_per_second:.1f} tok/s"
-        if s.speculative:
-            line += f", {s.acceptance_rate:.0%} of drafts accepted"
+        line = f"{result.stats.completion_tokens} tokens · {result.stats.summary()}"
         stopped = result.finish_reason == "cancelled"
         self._append(" [stopped]\n\n" if stopped else "\n\n")
         self._set_state("ready", ("stopped · " if stopped else "") + line)

@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 from edgespec import Engine, SamplingParams
-from edgespec.bench_prompts import PROMPT_SETS
+from edgespec.bench.prompts import PROMPT_SETS
 from edgespec.config import default_threads
 
 DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")

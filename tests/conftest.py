@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from edgespec.pairs import model_path  # noqa: E402
+from edgespec.registry import model_path  # noqa: E402
 
 
 def _real(name: str) -> Path:
@@ -49,3 +49,40 @@ def gemma_q4_path() -> Path:
 @pytest.fixture(scope="session")
 def gemma_f32_path() -> Path:
     return _real("gemma-3-270m-f32")
+
+
+MODEL_FIXTURES = {"smollm2_q4_path", "smollm2_f32_path", "smollm2_f16_path", "smollm2_q2k_path",
+                  "gemma_q4_path", "gemma_f32_path"}
+
+
+def pytest_collection_modifyitems(items):
+    """A test that asks for a model file is a `real` test (`pytest -m "not real"` runs the
+    rest in seconds, without the models)."""
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.real)
+
+
+@pytest.fixture(autouse=True)
+def _models_load_only_in_real_tests(request, monkeypatch):
+    """Keeps the `real` marker honest: a test without it cannot load a GGUF model."""
+    if request.node.get_closest_marker("real") is None:
+        from edgespec.backend import model
+
+        def refuse(self, *args, **kwargs):
+            raise AssertionError("this test loads a GGUF model: mark it `real` "
+                                 "(or ask for a model fixture)")
+        monkeypatch.setattr(model.LlamaModel, "__init__", refuse)
+
+
+def require_tools(*tools: str, packages: str) -> None:
+    """Skip a test whose tools (tmux, Xvfb …) are not installed, saying how to install them;
+    where every test must run (CI sets EDGESPEC_TEST_ALL=1), fail instead."""
+    import os
+    import shutil
+    missing = [t for t in tools if shutil.which(t) is None]
+    if missing:
+        msg = f"{' and '.join(missing)} not installed: apt-get install {packages}"
+        if os.environ.get("EDGESPEC_TEST_ALL") == "1":
+            pytest.fail(msg, pytrace=False)
+        pytest.skip(msg)

@@ -1,4 +1,4 @@
-"""A numpy Markov "language model" with the LlamaModel interface the decoding loop uses.
+"""A numpy Markov "language model": the :class:`edgespec.lm.LanguageModel` protocol in numpy.
 
 The logits after a token depend only on that token (a bigram model), so the exact distribution
 of any generated sequence is known in closed form. Used only for statistical tests of the loop's
@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import numpy as np
 
-
-class _Vocab:
-    def __init__(self, eog):
-        self.eog = frozenset(eog)
+from edgespec.lm import VocabInfo
 
 
 class MarkovLM:
     def __init__(self, logits: np.ndarray, eog=(), n_ctx: int = 4096):
         self.table = np.asarray(logits, dtype=np.float32)
         self.n_vocab = self.table.shape[1]
-        self.vocab = _Vocab(eog)
+        self.vocab = VocabInfo(n_vocab=self.n_vocab, vocab_type=0, bos=-1, eos=-1,
+                               add_bos=False, add_eos=False, eog=frozenset(eog))
         self.n_ctx = n_ctx
         self.n_batch = 512
         self.n_outputs_max = 64

@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from edgespec import (Engine, EngineBusyError, EngineClosedError, SamplingParams)
+from edgespec import (BackendError, Engine, EngineBusyError, EngineClosedError,
+                      SamplingParams)
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ",
@@ -352,3 +353,25 @@ def test_close_with_a_stream_left_open_in_this_thread(paths):
     with pytest.raises(StopIteration):
         next(stream)
     assert stream.result.finish_reason == "cancelled"
+
+
+def test_an_error_mid_generation_stays_an_error(eng, reference, monkeypatch):
+    """A failure inside llama.cpp reaches the caller; closing the stream afterwards must not
+    turn it into a "cancelled" result, and the engine answers the next request correctly."""
+    real, calls = eng.target.eval, []
+
+    def failing(tokens, n_logits=1):
+        calls.append(len(tokens))
+        if len(calls) == 4:
+            raise BackendError("llama_decode failed with code -1 (invalid batch)")
+        return real(tokens, n_logits)
+
+    monkeypatch.setattr(eng.target, "eval", failing)
+    stream = eng.stream(PROMPTS[0], max_tokens=N, sampling=GREEDY, raw=True)
+    with pytest.raises(BackendError):
+        consume(stream)
+    stream.close()
+    assert stream.result is None and isinstance(stream.error, BackendError)
+    monkeypatch.undo()
+    assert not eng.busy
+    assert gen(eng, PROMPTS[0]).tokens == reference[PROMPTS[0]]

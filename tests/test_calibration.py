@@ -9,7 +9,7 @@ import pytest
 
 from edgespec.backend import LlamaModel
 from edgespec.config import ModelConfig
-from edgespec.drafters import calibrate, calibrate_cached
+from edgespec.drafting import calibrate, calibrate_cached
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,8 @@ import time
 
 import pytest
 
-from edgespec.chat import ChatTemplate, TemplateRefused, validate_messages
+from edgespec.chat_template import ChatTemplate, validate_messages
+from edgespec.errors import TemplateRefused
 from edgespec.errors import InvalidParameterError
 from edgespec.gguf_file import read_gguf
 
@@ -72,7 +73,7 @@ def test_invalid_messages(bad, param):
 
 
 def test_oversized_conversation_is_a_user_error_and_keeps_the_template(smollm2_q4_path):
-    from edgespec.chat import PromptTooLargeError
+    from edgespec.errors import PromptTooLargeError
     from edgespec.errors import EdgespecError
     t = ChatTemplate(read_gguf(smollm2_q4_path).chat_template)
     with pytest.raises(PromptTooLargeError) as e:

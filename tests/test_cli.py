@@ -7,8 +7,6 @@ import shutil
 import subprocess
 import sys
 
-import pytest
-
 import gguf
 
 
@@ -91,13 +89,17 @@ def test_run_json(smollm2_f32_path, smollm2_q4_path):
     assert len(out["tokens"]) == 16 and out["finish_reason"] == "length"
     assert "Paris" in out["text"]
     s = out["stats"]
-    assert s["drafted"] > 0 and 0 <= s["acceptance_rate"] <= 1
-    assert s["target_passes"] < 16 and s["tokens_per_second"] > 0
+    # Whether drafting paid is the cost model's call (a busy machine may rightly decode
+    # plainly); what the stats say must hold together either way.
+    assert s["speculative"] is True and s["completion_tokens"] == 16
+    assert 0 <= s["accepted"] <= s["drafted"] and 0 <= s["acceptance_rate"] <= 1
+    assert s["target_passes"] + s["accepted"] == 16 and s["tokens_per_second"] > 0
 
 
 def test_run_streams_text_and_stats(smollm2_f32_path, smollm2_q4_path):
     proc = edgespec("run", "The capital of France is", "--target", smollm2_f32_path, "--draft",
-                    smollm2_q4_path, "--raw", "--temperature", "0", "-n", "12")
+                    smollm2_q4_path, "--raw", "--temperature", "0", "-n", "12",
+                    "--draft-max", "4")     # pinned: it drafts whatever the machine's load
     assert proc.returncode == 0, proc.stderr
     assert "Paris" in proc.stdout
     assert "tok/s" in proc.stderr and "acceptance" in proc.stderr

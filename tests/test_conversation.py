@@ -5,7 +5,8 @@ import json
 import pytest
 
 from edgespec import Engine
-from edgespec.chat import Conversation, ConversationFileError
+from edgespec.conversation import Conversation
+from edgespec.errors import ConversationFileError
 from edgespec.errors import ContextOverflowError
 
 

@@ -1,4 +1,5 @@
-"""Draft-length policies (pure logic, hand-made costs) and the n-gram drafter."""
+"""Draft-length policies (pure logic, hand-made costs), the n-gram drafter, and how a hybrid
+drafter routes rounds between its sources (real drafters over the numpy Markov model)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,13 @@ import numpy as np
 import pytest
 
 from edgespec.config import SamplingParams
-from edgespec.drafters import AdaptiveLength, Costs, FixedLength, NgramDrafter
-from edgespec.sampling import Dist, residual
+from edgespec.drafting import (AdaptiveLength, Costs, Draft, FixedLength, HybridDrafter,
+                               ModelDrafter, NgramDrafter)
+from edgespec.drafting.ngram import lookup
 
-# Per-call costs measured on this kind of machine (../shared/docs/pitfalls.md, seconds).
+from markov import MarkovLM
+
+# Per-call costs measured on this kind of machine (docs/decisions.md, seconds).
 GEMMA = {1: 0.0394, 4: 0.0551, 8: 0.0739, 16: 0.1027, 33: 0.17}, 0.0139   # F32 + Q4_K_M
 # The same pair measured on a slower draft day (draft 0.48 of a target pass): it pays only at
 # high acceptance, not at the policy's prior.
@@ -83,37 +87,23 @@ def test_fixed_length_cuts_on_top_probability():
     assert pol.keep_drafting(0, 0.6) and not pol.keep_drafting(1, 0.4)
 
 
-def test_cutoff_on_the_drawn_tokens_probability_would_be_biased():
-    """Why the stop rule may look only at q, never at the drawn x (drafters.py docstring).
-
-    p = (0.5, 0.5), q = (0.9, 0.1); stopping whenever the drawn x has q(x) < 0.5 and letting
-    the target sample that position itself gives P(token 0) = 0.55, not p(0) = 0.5.
-    """
-    p, q = np.array([0.5, 0.5]), np.array([0.9, 0.1])
-    r = residual(Dist(None, p), Dist(None, q), 2).dense(2)
-    out = np.zeros(2)
-    for x in range(2):
-        if q[x] < 0.5:                      # cut: the target samples from p
-            out += q[x] * p
-        else:                               # Algorithm 1 on x
-            a = min(1.0, p[x] / q[x])
-            out[x] += q[x] * a
-            out += q[x] * (1 - a) * r
-    assert out[0] == pytest.approx(0.55)
+NEVER = lambda: False   # noqa: E731  (should_stop)
 
 
 def test_ngram_lookup_finds_the_latest_longest_match():
-    d = NgramDrafter(ngram_min=1, ngram_max=3)
     ctx = [1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3]
-    assert d.lookup(ctx, 3) == [7, 8, 5]      # [2, 3] last seen before 7
-    assert d.last_match == 2
-    assert d.lookup([4, 5, 6], 4) == []
-    x, q = d.draft([1, 2, 1, 2, 1], 2, SamplingParams(), np.random.default_rng(0), FixedLength(2))
-    assert x == [2, 1] and all(qi.prob(xi) == 1.0 for xi, qi in zip(x, q))
+    assert lookup(ctx, 3, 1, 3, 4096) == ([7, 8, 5], 2)     # [2, 3] last seen before 7
+    assert lookup([4, 5, 6], 4, 1, 3, 4096) == ([], 0)
+    d = NgramDrafter(FixedLength(2), ngram_min=1, ngram_max=3).draft(
+        [1, 2, 1, 2, 1], 2, SamplingParams(), np.random.default_rng(0), NEVER)
+    assert d.x == [2, 1] and d.source == "ngram"
+    assert all(qi.prob(xi) == 1.0 for xi, qi in zip(d.x, d.q))
 
 
 class _Recorder:
-    """A length policy that records what it is told (pure logic, for HybridPolicy routing)."""
+    """A length policy that records what it is told (pure logic, for the hybrid's routing)."""
+
+    needs_confidence = True
 
     def __init__(self, k):
         self.k, self.observed, self.rested, self.asked = k, [], 0, 0
@@ -125,59 +115,72 @@ class _Recorder:
         self.asked += 1
         return True
 
-    def observe(self, *args):
-        self.observed.append(args[:2])
+    def observe(self, k, n, *args, **kwargs):
+        self.observed.append((k, n))
 
     def rest(self):
         self.rested += 1
 
-
-class _FakeModelDrafter:
-    """Proposes token 7 repeatedly; stands in for the draft model in pure routing tests."""
-
-    def __init__(self):
-        self.seconds, self.step_seconds, self.confidences = 0.0, [], []
-        self.catch_up_cost = None
-        self.extended = 0
-
-    def lag(self, context):
-        return 1
-
-    def draft(self, context, k, params, rng, policy, extend=None):
-        x = []
-        for i in range(k):
-            if not policy.keep_drafting(i, 0.9):
-                break
-            x.append(7)
-        self.confidences = [0.9] * len(x)
-        return x, [Dist.one_hot(t) for t in x]
-
-    def rollback(self, n_keep):
-        pass
+    def catch_up_pays(self, seconds, tokens_ahead):
+        return True
 
 
-def test_hybrid_policy_routes_each_source_to_its_own_policy():
-    from edgespec.drafters import HybridDrafter, HybridPolicy
+def sevens(policy, n_vocab=16):
+    """A real ModelDrafter over a Markov model whose next token is always 7 (greedy)."""
+    table = np.zeros((n_vocab, n_vocab), dtype=np.float32)
+    table[:, 7] = 10.0
+    return ModelDrafter(MarkovLM(table), frozenset(), policy)
+
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def test_hybrid_routes_each_source_to_its_own_policy():
     model, ngram = _Recorder(3), _Recorder(6)
-    pol = HybridPolicy(model, ngram)
-    hyb = HybridDrafter(_FakeModelDrafter())
-    rng, params = np.random.default_rng(0), SamplingParams()
+    hyb = HybridDrafter(sevens(model), NgramDrafter(ngram))
+    rng = np.random.default_rng(0)
 
-    assert pol.plan() == 6
-    x, _ = hyb.draft([1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3], 16, params, rng, pol)
-    assert x == [4, 5, 6, 7, 8, 9] and pol.active is ngram      # n-gram, capped by its plan
-    pol.observe(len(x), 2, [], [], 0.01)
+    assert hyb.plan() == 6
+    d = hyb.draft([1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3], 16, GREEDY, rng, NEVER)
+    assert d.x == [4, 5, 6, 7, 8, 9] and d.source == "ngram"    # capped by its own plan
+    hyb.observe(d, 2, 0.01)
     assert ngram.observed == [(6, 2)] and model.observed == [] and model.rested == 1
 
-    pol.plan()
-    x, _ = hyb.draft([1, 2, 3, 4], 16, params, rng, pol)        # no match: the model drafts
-    assert x == [7, 7, 7] and pol.active is model
-    pol.observe(len(x), 3, [], [], 0.01)
+    hyb.plan()
+    hyb.rollback(0)
+    d = hyb.draft([1, 2, 3, 4], 16, GREEDY, rng, NEVER)          # no match: the model drafts
+    assert d.x == [7, 7, 7] and d.source == "model"
+    hyb.observe(d, 3, 0.01)
     assert model.observed == [(3, 3)] and ngram.rested == 1
 
-    pol.plan()
-    x, _ = hyb.draft([1, 2, 3, 1, 2], 2, params, rng, pol)      # the loop's bound wins
-    assert len(x) <= 2
+    hyb.plan()
+    hyb.rollback(0)
+    assert len(hyb.draft([1, 2, 3, 1, 2], 2, GREEDY, rng, NEVER).x) <= 2   # the loop's bound
+
+    hyb.rollback(0)
+    d = Draft()                                                  # a plain round for both
+    hyb.observe(d, 0, 0.01)
+    assert model.observed[-1] == (0, 0) and ngram.observed[-1] == (0, 0)
+
+
+def test_a_model_draft_continued_by_an_ngram_match_teaches_its_policy_only_its_own_tokens():
+    model = _Recorder(4)
+    hyb = HybridDrafter(sevens(model), NgramDrafter(_Recorder(8), ngram_min=3), extend_match=3)
+    context = [1, 7, 7, 7, 2, 3, 4, 5, 9, 7, 7]  # no 3-token match until the model adds a 7
+    hyb.plan()
+    d = hyb.draft(context, 8, GREEDY, np.random.default_rng(0), NEVER)
+    assert d.source == "model" and d.x == [7, 2, 3, 4, 5, 9, 7, 7] and d.extended == 7
+    assert all(qi.prob(xi) == 1.0 for xi, qi in zip(d.x, d.q))
+    hyb.observe(d, 8, 0.05)
+    assert model.observed == [(1, 1)]
+
+
+def test_should_stop_ends_a_draft_at_once():
+    calls = []
+    drafter = sevens(FixedLength(8))
+    d = drafter.draft([1, 2], 8, GREEDY, np.random.default_rng(0),
+                      lambda: calls.append(1) or len(calls) > 2)
+    assert d.x == [7, 7]
 
 
 def test_a_resting_adaptive_policy_forgets_and_reprobes():
@@ -199,22 +202,21 @@ def test_a_resting_adaptive_policy_forgets_and_reprobes():
 def test_hybrid_decodes_plainly_when_the_draft_lags_too_far_to_catch_up():
     """After long n-gram runs the draft model has not seen many committed tokens; evaluating
     them costs more than drafting with it saves before the next match: a plain round."""
-    from edgespec.drafters import HybridDrafter, HybridPolicy
-    model = _FakeModelDrafter()
+    model = sevens(AdaptiveLength(Costs(dict(GEMMA[0]), GEMMA[1])), n_vocab=400)
     model.catch_up_cost = 0.010                                # 10 ms per lagging token
-    hyb = HybridDrafter(model)
-    pol = HybridPolicy(AdaptiveLength(Costs(dict(GEMMA[0]), GEMMA[1])), _Recorder(8))
-    rng, params = np.random.default_rng(0), SamplingParams()
+    hyb = HybridDrafter(model, NgramDrafter(_Recorder(8)))
+    rng = np.random.default_rng(0)
     no_match = list(range(100, 400))
 
-    model.lag = lambda context: 200                            # 2 s to catch up
-    pol.plan()
-    assert hyb.draft(no_match, 8, params, rng, pol) == ([], []) and pol.active is None
+    model.model.eval(no_match[:100], 0)                        # 199 tokens behind: 2 s
+    hyb.plan()
+    d = hyb.draft(no_match, 8, GREEDY, rng, NEVER)
+    assert d.x == [] and d.source == "none"
 
-    model.lag = lambda context: 1                              # up to date: the model drafts
-    pol.plan()
-    x, _ = hyb.draft(no_match, 8, params, rng, pol)
-    assert x and set(x) == {7} and pol.active is pol.model
+    model.model.eval(no_match[100:-1], 0)                      # up to date: the model drafts
+    hyb.plan()
+    d = hyb.draft(no_match, 8, GREEDY, rng, NEVER)
+    assert d.x and set(d.x) == {7} and d.source == "model"
 
 
 def test_one_unlucky_first_round_does_not_stop_drafting():

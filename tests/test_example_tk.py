@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from conftest import require_tools
 
 from edgespec import Engine, SamplingParams
 
@@ -22,10 +22,7 @@ QUESTION = "What is the capital of France?"
 
 @pytest.fixture(scope="module")
 def display():
-    missing = [t for t in ("Xvfb", "xdotool") if shutil.which(t) is None]
-    if missing:
-        pytest.fail(f"{' and '.join(missing)} not installed: apt-get install -y xvfb xdotool",
-                    pytrace=False)
+    require_tools("Xvfb", "xdotool", packages="xvfb xdotool python3-tk")
     n = next(n for n in range(90, 200) if not Path(f"/tmp/.X{n}-lock").exists())
     proc = subprocess.Popen(["Xvfb", f":{n}", "-screen", "0", "1024x768x24", "-nolisten",
                              "tcp"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -16,8 +16,8 @@ import pytest
 
 from hubserver import FakeHub
 
-from edgespec import downloads, hub
-from edgespec.downloads import ChecksumMismatchError, DownloadError, NotEnoughDiskSpaceError
+from edgespec.registry import downloads, hub
+from edgespec.registry.downloads import ChecksumMismatchError, DownloadError, NotEnoughDiskSpaceError
 from edgespec.errors import ModelNotFoundError
 
 REPO = "test-org/tiny-GGUF"

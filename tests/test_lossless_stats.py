@@ -1,6 +1,6 @@
 """Statistical losslessness: speculative sampling emits exactly the target's distribution.
 
-1. Single position (../shared/docs/reliability.md): 200 seeded (p, q) pairs over a vocabulary of
+1. Single position: 200 seeded (p, q) pairs over a vocabulary of
    10, including p == q, disjoint supports and q = 0 where p > 0; 100k draws each through the
    real verifier; the total-variation distance to p must be < 0.015. The same test must fail for
    three broken verifiers (negative controls), which proves it has the power to notice.
@@ -18,8 +18,8 @@ import pytest
 
 from edgespec import verify
 from edgespec.config import SamplingParams
-from edgespec.drafters import (AdaptiveLength, Costs, FixedLength, HybridDrafter, HybridPolicy,
-                               ModelDrafter, NgramDrafter)
+from edgespec.drafting import (AdaptiveLength, Costs, FixedLength, HybridDrafter, ModelDrafter,
+                               NgramDrafter)
 from edgespec.sampling import Dist, residual
 from edgespec.speculative import LoopStats, decode
 
@@ -134,17 +134,42 @@ def exact_marginals(target_logits, start: int, n: int):
     return out, joint12
 
 
-def make_drafter(kind: str, draft: MarkovLM):
+def make_policy(K, free=False):
+    if K in ("adaptive", "hybrid-adaptive"):
+        # Costs under which drafting pays, so the adaptive policy drafts varying lengths.
+        return AdaptiveLength(Costs({1: 1.0, 2: 1.1, 9: 1.8}, 1e-4 if free else 0.05), k_max=8)
+    return FixedLength(K)
+
+
+def make_drafter(kind: str, draft: MarkovLM, K):
     if kind == "model":
-        return ModelDrafter(draft, frozenset())
+        return ModelDrafter(draft, frozenset(), make_policy(K))
+    if kind == "model-p-min":       # cut where the draft's top probability is below 0.5
+        return ModelDrafter(draft, frozenset(), FixedLength(K, p_min=0.5))
+    if kind == "cut-on-drawn-token":
+        return _StopsOnTheDrawnToken(draft, frozenset(), make_policy(K))
     if kind == "ngram":
-        return NgramDrafter(ngram_min=1, ngram_max=3)
+        return NgramDrafter(make_policy(K), ngram_min=1, ngram_max=3)
+    ngram = NgramDrafter(make_policy(K, free=True), ngram_min=3 if kind == "hybrid-extend" else 2)
     if kind == "hybrid-extend":
-        # The model drafts when there is no 3-token match and a 2-token match of the context
-        # plus its draft ends the draft with the n-gram's continuation.
-        return HybridDrafter(_CountingModelDrafter(draft, frozenset()), min_match=3,
+        # The model drafts when there is no 3-token match, and a match of the context plus
+        # its draft ends the draft with the n-gram's continuation.
+        return HybridDrafter(_CountingModelDrafter(draft, frozenset(), make_policy(K)), ngram,
                              extend_match=2)
-    return HybridDrafter(ModelDrafter(draft, frozenset()), min_match=2)
+    return HybridDrafter(ModelDrafter(draft, frozenset(), make_policy(K)), ngram)
+
+
+class _StopsOnTheDrawnToken(ModelDrafter):
+    """Broken on purpose: ends its draft where the token it drew was unlikely under q. A stop
+    decision that looks at the drawn token makes the proposals a biased sample of q."""
+
+    def draft(self, context, *args, **kwargs):
+        d = super().draft(context, *args, **kwargs)
+        for i, (x, q) in enumerate(zip(d.x, d.q)):
+            if q.prob(x) < 0.2:
+                del d.x[i:], d.q[i:], d.confidences[i:]
+                break
+        return d
 
 
 class _CountingModelDrafter(ModelDrafter):
@@ -152,26 +177,15 @@ class _CountingModelDrafter(ModelDrafter):
 
     def draft(self, *args, **kwargs):
         out = super().draft(*args, **kwargs)
-        self.extended_rounds += bool(self.extended)
+        self.extended_rounds += bool(out.extended)
         return out
-
-
-def make_policy(K):
-    if K == "adaptive":
-        # Costs under which drafting pays, so the adaptive policy drafts varying lengths.
-        return AdaptiveLength(Costs({1: 1.0, 2: 1.1, 9: 1.8}, 0.05), k_max=8)
-    if K == "hybrid-adaptive":
-        return HybridPolicy(make_policy("adaptive"),
-                            AdaptiveLength(Costs({1: 1.0, 2: 1.1, 9: 1.8}, 1e-4), k_max=8))
-    return FixedLength(K)
 
 
 def run_loop(K, seed: int, kind: str = "model"):
     target_logits, draft_logits = markov_pair()
     target, draft = MarkovLM(target_logits), MarkovLM(draft_logits)
-    drafter = make_drafter(kind, draft)
+    drafter = make_drafter(kind, draft, K)
     run_loop.drafter = drafter
-    policy = make_policy(K)
     params = SamplingParams.neutral(1.0)
     rng = np.random.default_rng(seed)
     seqs = np.zeros((N_RUNS, N_NEW), dtype=np.int64)
@@ -182,7 +196,7 @@ def run_loop(K, seed: int, kind: str = "model"):
         target.eval(context[:-1], 0)
         drafter.rollback(0)
         out = [s.token for s in decode(target, context, params=params, rng=rng, max_new=N_NEW,
-                                       drafter=drafter, policy=policy, stats=stats)]
+                                       drafter=drafter, stats=stats)]
         seqs[r] = out
     return seqs, stats
 
@@ -192,13 +206,19 @@ def noise_bound(p: np.ndarray, n: int) -> float:
     return 3 * 0.5 * float(np.sqrt(2 * p * (1 - p) / (np.pi * n)).sum())
 
 
-def check_matches_plain(seqs):
+def tv_over_noise(seqs) -> list[float]:
+    """Each position's TV distance to plain sampling, then the joint of positions 1-2's, in
+    units of the noise bound (below 1: indistinguishable from plain target sampling)."""
     marginals, joint12 = exact_marginals(markov_pair()[0], start=2, n=N_NEW)
-    for j in range(N_NEW):
-        counts = np.bincount(seqs[:, j], minlength=VM)
-        assert tv(counts, marginals[j]) < noise_bound(marginals[j], N_RUNS), f"position {j + 1}"
+    out = [tv(np.bincount(seqs[:, j], minlength=VM), marginals[j]) /
+           noise_bound(marginals[j], N_RUNS) for j in range(N_NEW)]
     pair_counts = np.bincount(seqs[:, 0] * VM + seqs[:, 1], minlength=VM * VM)
-    assert tv(pair_counts, joint12.ravel()) < noise_bound(joint12.ravel(), N_RUNS)
+    return out + [tv(pair_counts, joint12.ravel()) / noise_bound(joint12.ravel(), N_RUNS)]
+
+
+def check_matches_plain(seqs):
+    ratios = tv_over_noise(seqs)
+    assert max(ratios) < 1, f"TV / noise bound per position (last: joint of 1-2): {ratios}"
 
 
 @pytest.mark.slow
@@ -220,6 +240,22 @@ def test_multi_position_other_drafters_match_plain_sampling(kind, K):
     if kind == "hybrid-extend":     # model drafts that an n-gram match continued
         assert run_loop.drafter.model.extended_rounds > 1000
     check_matches_plain(seqs)
+
+
+@pytest.mark.slow
+def test_a_draft_cut_by_its_confidence_stays_lossless():
+    """The stop rule may look at q (the draft's confidence) before the token is drawn."""
+    seqs, stats = run_loop(4, seed=21, kind="model-p-min")
+    assert 0 < stats.drafted < 0.9 * 4 * stats.rounds           # the gate did cut drafts
+    check_matches_plain(seqs)
+
+
+@pytest.mark.slow
+def test_a_draft_cut_on_the_drawn_token_is_caught():
+    """Negative control for the stop rule: cutting where the drawn token was unlikely under
+    q (edgespec.drafting.policy's docstring) biases the output, and the test sees it."""
+    seqs, _ = run_loop(4, seed=21, kind="cut-on-drawn-token")
+    assert max(tv_over_noise(seqs)) > 3
 
 
 @pytest.mark.slow

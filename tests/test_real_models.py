@@ -1,7 +1,7 @@
 """The core runtime against real llama.cpp and real GGUFs (SmolLM2-135M at several precisions).
 
 Greedy equivalence is exact only where the numerics of a batched pass and a one-token pass
-agree (see ../shared/docs/pitfalls.md); the targets here are F32/F16, and where a divergence is
+agree (docs/decisions.md); the targets here are F32/F16, and where a divergence is
 found the test requires it to be a near-tie of the target's own logits (NEAR_TIE below).
 """
 
@@ -13,6 +13,7 @@ import pytest
 from edgespec import Engine, SamplingParams
 from edgespec.backend import LlamaModel
 from edgespec.config import ModelConfig
+from edgespec.drafting import Draft
 from edgespec.sampling import Dist
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -97,29 +98,30 @@ class RandomDrafter:
     def __init__(self, n_vocab, seed=0):
         self.rng = np.random.default_rng(seed)
         self.n_vocab = n_vocab
-        self.seconds = 0.0
-        self.step_seconds, self.confidences = [], []
 
-    def draft(self, context, k, params, rng, policy):
+    def plan(self):
+        return 8
+
+    def draft(self, context, k, params, rng, should_stop):
         x = [int(t) for t in self.rng.integers(100, self.n_vocab, k)]
-        self.confidences = [1.0] * len(x)
-        return x, [Dist.one_hot(t) for t in x]
+        return Draft(x, [Dist.one_hot(t) for t in x], [1.0] * len(x), source="model")
+
+    def observe(self, draft, n_accepted, verify_seconds):
+        pass
 
     def rollback(self, n_keep):
         pass
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=0.8, seed=5)])
-def test_random_draft_is_rejected_but_output_is_unchanged(f32_q4, sampling):
+def test_random_draft_is_rejected_but_output_is_unchanged(f32_q4, sampling, monkeypatch):
     prompt = PROMPTS[0]
     plain = f32_q4.generate(prompt, max_tokens=40, sampling=sampling, raw=True,
                             speculative=False)
-    saved = f32_q4.drafter
-    f32_q4.drafter = RandomDrafter(f32_q4.target.n_vocab)
-    try:
-        spec = f32_q4.generate(prompt, max_tokens=40, sampling=sampling, raw=True)
-    finally:
-        f32_q4.drafter = saved
+    random_drafter = RandomDrafter(f32_q4.target.n_vocab)
+    monkeypatch.setattr(f32_q4, "_drafter", lambda sampling: random_drafter)
+    spec = f32_q4.generate(prompt, max_tokens=40, sampling=sampling, raw=True)
+    monkeypatch.undo()
     assert spec.stats.drafted >= 40 * 4
     assert spec.stats.acceptance_rate < 0.05
     if sampling.greedy:
@@ -141,13 +143,17 @@ def test_kv_caches_hold_exactly_the_committed_text(smollm2_f32_path, smollm2_q4_
     """After many rounds with rejections, both caches equal a fresh evaluation.
 
     Measured here: an honest cache is within 0.03 of the fresh logits; dropping a single token
-    from the cache moves them by 1.8 or more.
+    from the cache moves them by 1.8 or more. How many drafts a sample rejects is up to the
+    draws (and the CPU's kernels), so seeds are tried until one rejects at least 5.
     """
     with Engine.load(target=smollm2_f32_path, draft=smollm2_q4_path, draft_max=8) as eng:
-        out = eng.generate(PROMPTS[3], max_tokens=200,
-                           sampling=SamplingParams(temperature=1.5, top_k=0, top_p=1.0,
-                                                   min_p=0.0, seed=11), raw=True)
-        s = out.stats
+        for seed in range(11, 31):
+            out = eng.generate(PROMPTS[3], max_tokens=200,
+                               sampling=SamplingParams(temperature=1.5, top_k=0, top_p=1.0,
+                                                       min_p=0.0, seed=seed), raw=True)
+            s = out.stats
+            if s.drafted - s.accepted >= 5:
+                break
         assert s.target_passes >= 10 and s.drafted - s.accepted >= 5, "too few rejections"
         committed = eng.prompt_tokens(PROMPTS[3], raw=True) + out.tokens
         for model, path in ((eng.target, smollm2_f32_path), (eng.draft, smollm2_q4_path)):

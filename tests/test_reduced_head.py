@@ -1,4 +1,4 @@
-"""The draft's reduced output layer (drafters.ReducedHead) on the real Gemma-3-270M pair.
+"""The draft's reduced output layer (drafting.ReducedHead) on the real Gemma-3-270M pair.
 
 llama.cpp's graph is stopped after the final norm (LlamaModel.eval_hidden); the tests check
 that the hidden state read there reproduces llama.cpp's own logits, that the KV cache stays
@@ -14,7 +14,8 @@ import pytest
 from edgespec import Engine, SamplingParams
 from edgespec.backend import LlamaModel
 from edgespec.config import ModelConfig
-from edgespec.drafters import FixedLength, ModelDrafter, ReducedHead, top_probability
+from edgespec.drafting import FixedLength, ModelDrafter, ReducedHead
+from edgespec.drafting.model import top_probability
 from edgespec.sampling import warp
 
 from test_real_models import check_greedy_equivalent
@@ -25,7 +26,7 @@ GREEDY = SamplingParams(temperature=0.0)
 @pytest.fixture(scope="module")
 def twins(gemma_q4_path):
     """The draft model with the tap, and the same file without it (the reference)."""
-    tapped = LlamaModel(ModelConfig(gemma_q4_path, n_ctx=512), tap_hidden=True)
+    tapped = LlamaModel(ModelConfig(gemma_q4_path, n_ctx=512), tap_min_vocab=1)
     plain = LlamaModel(ModelConfig(gemma_q4_path, n_ctx=512))
     yield tapped, plain
     tapped.close()
@@ -64,19 +65,20 @@ def test_tap_names_each_node_once_and_recovers_when_the_graph_changes(twins):
     tapped.eval(prompt, 1)
     plain.eval(prompt, 1)
     w = tapped.output_rows(range(tapped.n_vocab))
-    nxt = int(np.argmax(plain.last_logits()))
+    text = iter(tapped.tokenize(" held a feast that lasted three days, and people came from "
+                                "every town along the river to see it", add_special=False))
     known = tapped._tap.known
     for n in [1, 3, 1, 1, 2, 5, 1, 1]:       # batch sizes change the graph's shape
-        toks = []
-        for _ in range(n):
-            toks.append(nxt)
-            row = plain.eval([nxt], 1)[0]
-            nxt = int(np.argmax(row))
+        toks = [next(text) for _ in range(n)]
         hidden = tapped.eval_hidden(toks)
         assert hidden is not None
-        # batched and one-by-one passes differ by a near-constant shift (softmax ignores it)
+        # The twin runs the same batches, so the kernels match (batched and one-by-one passes
+        # differ by more than this on some CPUs); what differs is llama.cpp quantizing the
+        # activations for its output product (~0.2 here).
+        row = plain.eval(toks, 1)[0]
         d = np.einsum("ij,j->i", w, hidden) - row
-        assert np.max(np.abs(d - np.median(d))) < 0.5
+        assert np.max(np.abs(d)) < 0.5 and np.argmax(row) == np.argmax(d + row)
+    nxt = int(np.argmax(row))
     assert 1 <= sum(known.values()) <= 3 and len(known) > 500
     # A stale address hiding the node: the whole graph runs, the row comes from llama.cpp,
     # the addresses are forgotten, and the next step finds the node again.
@@ -150,13 +152,13 @@ def test_reduced_head_follows_one_conversation_at_a_time(twins):
 def test_sampled_drafts_come_from_the_reduced_head(twins):
     tapped, _ = twins
     head = ReducedHead(tapped, rows=4096, max_extra=256)
-    drafter = ModelDrafter(tapped, tapped.vocab.eog, head)
+    drafter = ModelDrafter(tapped, tapped.vocab.eog, FixedLength(6), head)
     context = tapped.tokenize("Once upon a time, in a small village by the sea,")
     rng = np.random.default_rng(0)
     params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
-    x, q = drafter.draft(context, 6, params, rng, FixedLength(6))
-    assert len(x) == 6
-    for t, dist in zip(x, q):
+    d = drafter.draft(context, 6, params, rng, lambda: False)
+    assert len(d.x) == 6
+    for t, dist in zip(d.x, d.q):
         assert head._member[t]
         dense = dist.dense(tapped.n_vocab)
         assert dense.sum() == pytest.approx(1.0, abs=1e-5)
@@ -173,7 +175,7 @@ def test_sampled_drafts_come_from_the_reduced_head(twins):
 def test_q_from_the_subset_equals_q_from_the_full_row(twins, params):
     tapped, _ = twins
     head = ReducedHead(tapped, rows=4096, max_extra=64)
-    drafter = ModelDrafter(tapped, tapped.vocab.eog, head)
+    drafter = ModelDrafter(tapped, tapped.vocab.eog, FixedLength(6), head)
     context = tapped.tokenize("The old lighthouse keeper said that the storm")
     head.follow(context)
     ids, vals = head.subset_logits(tapped.eval_hidden(context))

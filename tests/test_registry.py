@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from edgespec import pairs
-from edgespec.downloads import DownloadError, check_hub_spec
+from edgespec.registry import pairs
+from edgespec.registry.downloads import DownloadError, check_hub_spec
 from edgespec.errors import ModelNotFoundError
-from edgespec.pairs import RegistryError, parse_registry
+from edgespec.registry.pairs import RegistryError, parse_registry
 
 REG = parse_registry(pairs.registry_text())
 HUB = [m for m in REG.models.values() if m.kind == "hub"]
@@ -113,7 +113,7 @@ def test_hub_spec_check_is_shared_with_downloads():
 
 
 def test_local_models_never_load_the_hub_client():
-    code = ("import sys; from edgespec import pairs; pairs.registry(); "
+    code = ("import sys; from edgespec.registry import pairs; pairs.registry(); "
             "pairs.is_present('smollm2-135m-instruct-q4_1'); pairs.model_path('gemma-3-270m-f32'); "
             "print('huggingface_hub' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

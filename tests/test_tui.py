@@ -83,9 +83,9 @@ class Chat:
 
 @pytest.fixture
 def chat(engine):
-    spec = engine.spec
+    draft_max = engine.spec.draft_max
     yield Chat(engine)
-    engine.spec = spec        # /set draft_max changes the engine's setting
+    engine.set_draft_max(draft_max)     # /set draft_max changes the engine's setting
 
 
 def buffer_is(text):
@@ -253,10 +253,13 @@ def test_settings_reach_the_engine(chat, engine):
     s = chat.session
     assert (s.sampling.temperature, s.sampling.top_k, s.sampling.top_p, s.sampling.min_p) == \
         (0.7, 20, 0.9, 0.1)
-    assert engine.spec.draft_max == 3
     chat.lines("Hello")
     g = s.last.generation
     assert len(g.tokens) <= 5 and g.stats.speculative
+    chat.lines("/set max_tokens 40")
+    chat.lines("Tell me about Paris.")
+    st = s.last.generation.stats
+    assert st.drafted > 0 and len(st.tested_at) <= 3    # no draft went past 3 tokens
     chat.lines("/spec off")
     chat.lines("Hello again")
     assert not s.last.generation.stats.speculative
@@ -306,6 +309,8 @@ BAD = [
     ("/set min_p 2", "min_p must be a number in [0, 1]"),
     ("/set max_tokens 0", "max_tokens must be an integer in [1, 1024]"),
     ("/set draft_max -2", "draft_max must be an integer in [0, 256]"),
+    ("/set draft_max 200", "draft_max must be at most 63 for this Engine"),
+    ("/set draft_max many", "draft_max must be an integer"),
     ("/spec maybe", "usage: /spec on|off"),
     ("/save", "usage: /save FILE"),
     ("/load /no/such/file.json", "cannot read /no/such/file.json"),

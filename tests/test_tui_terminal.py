@@ -7,12 +7,12 @@ reads the screen back with ``tmux capture-pane``. Its tmux server is private (it
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import time
 
 import pytest
+from conftest import require_tools
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
@@ -29,8 +29,7 @@ class Tmux:
     """A private tmux server running one command in a fixed-size window."""
 
     def __init__(self, tmp_path, command: list[str], env: dict):
-        if shutil.which("tmux") is None:
-            pytest.fail("tmux is not installed (.ci/run installs it)", pytrace=False)
+        require_tools("tmux", packages="tmux")
         self.socket = str(tmp_path / "tmux.sock")
         self.rc_file = tmp_path / "exit-code"
         shell = f"{shlex.join(command)}; echo $? > {shlex.quote(str(self.rc_file))}; sleep 600"

@@ -32,8 +32,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..chat import TemplateError, TemplateRefused
-from ..errors import ContextOverflowError, EdgespecError, EngineClosedError, InvalidParameterError
+from ..errors import (ContextOverflowError, EdgespecError, EngineClosedError,
+                      InvalidParameterError, PromptTooLargeError, TemplateError, TemplateRefused)
 from .protocol import APIError, GenerationRequest, Reply, parse_chat, parse_completion
 
 log = logging.getLogger(__name__)
@@ -178,7 +178,7 @@ class Server:
                            code="context_length_exceeded") from None
         except InvalidParameterError as e:
             raise APIError(400, str(e), param=e.name, code="invalid_value") from None
-        except TemplateRefused as e:
+        except (TemplateRefused, PromptTooLargeError) as e:
             raise APIError(400, str(e), param="messages", code="invalid_value") from None
         except TemplateError as e:
             raise APIError(400, f"the chat template cannot render these messages ({e})",
@@ -255,12 +255,8 @@ class Server:
 
 
 def _log_result(reply: Reply, gen) -> None:
-    s = gen.stats
-    line = (f"{reply.id}: {gen.finish_reason}, {s.completion_tokens} tokens, "
-            f"{s.tokens_per_second:.1f} tok/s")
-    if s.speculative:
-        line += f", acceptance {s.acceptance_rate:.0%} ({s.accepted}/{s.drafted})"
-    log.info(line)
+    log.info("%s: %s, %d tokens · %s", reply.id, gen.finish_reason,
+             gen.stats.completion_tokens, gen.stats.summary())
 
 
 async def _api_error(request: Request, exc: APIError) -> Response:

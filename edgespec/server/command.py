@@ -11,11 +11,10 @@ import logging
 import os
 import re
 import socket
-import sys
 from pathlib import Path
 
-from ..cli import UsageError, add_model_args, load_engine
 from ..errors import EdgespecError
+from ..shell import UsageError, add_model_args, load_engine, model_label, status
 
 API_KEY_ENV = "EDGESPEC_API_KEY"
 GRACEFUL_SHUTDOWN_SECONDS = 3
@@ -85,12 +84,8 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def model_id(args) -> str:
-    if args.pair:
-        return args.pair
-    if args.target:
-        return Path(args.target).name.removesuffix(".gguf")
-    from ..pairs import DEFAULT_PAIR
-    return DEFAULT_PAIR
+    """The model name clients see: the pair, or the target file's name without .gguf."""
+    return Path(args.target).name.removesuffix(".gguf") if args.target else model_label(args)
 
 
 def _log_like_uvicorn(level: str) -> None:
@@ -102,10 +97,6 @@ def _log_like_uvicorn(level: str) -> None:
     logger.addHandler(handler)
     logger.setLevel(level.upper())
     logger.propagate = False
-
-
-def _status(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def cmd_serve(args) -> int:
@@ -120,7 +111,7 @@ def cmd_serve(args) -> int:
                             "pip install 'edgespec[server]'") from None
     sock = listen(args.host, args.port)
     try:
-        with load_engine(args, _status) as engine:
+        with load_engine(args) as engine:
             name = model_id(args)
             app = create_app(engine, model_id=name, api_key=api_key,
                              cors_origins=args.cors_origin, host=args.host)
@@ -130,7 +121,7 @@ def cmd_serve(args) -> int:
                                     server_header=False)
             host, port = sock.getsockname()[:2]
             shown = f"[{host}]" if ":" in host else host
-            _status(f"edgespec serve: listening on http://{shown}:{port}/v1 (model {name!r}"
+            status(f"edgespec serve: listening on http://{shown}:{port}/v1 (model {name!r}"
                     + (", API key required" if api_key else "") + ")")
             uvicorn.Server(config).run(sockets=[sock])
     finally:

@@ -12,9 +12,11 @@ import sys
 from pathlib import Path
 from typing import Iterable, Optional
 
-from ..cli import add_model_args, add_sampling_args
-from ..errors import EdgespecError, InvalidParameterError
-from .session import DEFAULT_MAX_TOKENS, ChatError
+from .. import paths
+from ..config import CHAT_MAX_TOKENS
+from ..errors import InvalidParameterError
+from ..shell import (add_model_args, add_sampling_args, load_engine, model_label,
+                     sampling_from_args, status)
 
 
 def build_chat_parser(sub) -> None:
@@ -23,8 +25,8 @@ def build_chat_parser(sub) -> None:
                                    "Alt-Enter starts a new line, Ctrl-C stops an answer, "
                                    "Ctrl-D leaves; /help lists the slash commands.")
     p.add_argument("--system", metavar="TEXT", help="a system prompt")
-    p.add_argument("--max-tokens", "-n", type=int, default=DEFAULT_MAX_TOKENS, metavar="N",
-                   help=f"most tokens per answer (default {DEFAULT_MAX_TOKENS})")
+    p.add_argument("--max-tokens", "-n", type=int, default=CHAT_MAX_TOKENS, metavar="N",
+                   help=f"most tokens per answer (default {CHAT_MAX_TOKENS})")
     p.add_argument("--plain", action="store_true",
                    help="no colours (accepted draft tokens are not highlighted)")
     add_model_args(p)
@@ -32,37 +34,15 @@ def build_chat_parser(sub) -> None:
     p.set_defaults(func=cmd_chat)
 
 
-def _status(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def data_dir() -> Path:
-    """Where edgespec keeps user data (the chat history), per platform convention."""
-    if sys.platform == "win32":
-        base = os.environ.get("APPDATA") or Path.home() / "AppData" / "Roaming"
-    elif sys.platform == "darwin":
-        base = Path.home() / "Library" / "Application Support"
-    else:
-        base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
-    return Path(base) / "edgespec"
-
-
 def history_path() -> Optional[Path]:
-    path = data_dir() / "chat_history"
+    path = paths.chat_history_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch(mode=0o600)   # what was typed may be private
     except OSError as e:
-        _status(f"warning: input history is not kept: cannot write {path} ({e.strerror})")
+        status(f"warning: input history is not kept: cannot write {path} ({e.strerror})")
         return None
     return path
-
-
-def pair_label(args) -> str:
-    from ..pairs import DEFAULT_PAIR
-    if args.target:
-        return Path(args.target).stem + (f" + {Path(args.draft).stem}" if args.draft else "")
-    return args.pair or DEFAULT_PAIR
 
 
 def banner(session, colors: bool) -> str:
@@ -85,7 +65,6 @@ def run_lines(repl, lines: Iterable[str]) -> int:
 
 
 def cmd_chat(args) -> int:
-    from ..cli import load_engine, sampling_from_args
     from .render import Printer
     from .session import ChatSession
     from .slash import Repl
@@ -94,28 +73,19 @@ def cmd_chat(args) -> int:
     if args.max_tokens < 1:
         raise InvalidParameterError("max_tokens", args.max_tokens, "an integer >= 1")
     terminal = sys.stdin.isatty() and sys.stdout.isatty()
-    label = pair_label(args)
-    try:
-        if terminal:
-            _status(f"loading {label}…")
-        with load_engine(args, _status) as engine:
-            session = ChatSession(engine, label=label, sampling=sampling,
-                                  max_tokens=args.max_tokens, system=args.system)
-            session.measure_plain_speed()
-            if not terminal:
-                return run_lines(Repl(session, Printer(sys.stdout, sys.stderr,
-                                                       can_color=False)), sys.stdin)
-            from .app import build_prompt, run_terminal   # prompt_toolkit loads only here
-            printer = Printer(sys.stdout, sys.stdout, terminal=True,
-                              can_color=not args.plain and not os.environ.get("NO_COLOR"))
-            printer.say(banner(session, printer.colors))
-            prompt = build_prompt(session, history=history_path(), plain=args.plain)
-            return run_terminal(Repl(session, printer, terminal=True), prompt)
-    except (EdgespecError, KeyboardInterrupt, BrokenPipeError):
-        raise
-    except Exception as e:  # one line, never a traceback (EDGESPEC_DEBUG=1 shows it)
-        if os.environ.get("EDGESPEC_DEBUG") == "1":
-            raise
-        first = (str(e).splitlines() or [""])[0]
-        raise ChatError(f"unexpected {type(e).__name__}: {first} (EDGESPEC_DEBUG=1 shows the "
-                        "traceback)") from None
+    label = model_label(args)
+    if terminal:
+        status(f"loading {label}…")
+    with load_engine(args) as engine:
+        session = ChatSession(engine, label=label, sampling=sampling,
+                              max_tokens=args.max_tokens, system=args.system)
+        session.measure_plain_speed()
+        if not terminal:
+            return run_lines(Repl(session, Printer(sys.stdout, sys.stderr, can_color=False)),
+                             sys.stdin)
+        from .app import build_prompt, run_terminal   # prompt_toolkit loads only here
+        printer = Printer(sys.stdout, sys.stdout, terminal=True,
+                          can_color=not args.plain and not os.environ.get("NO_COLOR"))
+        printer.say(banner(session, printer.colors))
+        prompt = build_prompt(session, history=history_path(), plain=args.plain)
+        return run_terminal(Repl(session, printer, terminal=True), prompt)

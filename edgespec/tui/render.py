@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Optional, TextIO
 
-from ..cli import DRAFT_COLOR, RESET
+from ..shell import DRAFT_COLOR, RESET
 from .session import ChatSession, Turn
 
 DIM, YELLOW, RED = "\x1b[2m", "\x1b[33m", "\x1b[31m"
@@ -90,16 +90,10 @@ def status_line(session: ChatSession, turn: Optional[Turn] = None) -> str:
     """Pair, backend, speed, acceptance, tokens per target pass, speedup, context used."""
     parts = [session.label, session.backend]
     if turn is not None:
-        s = turn.generation.stats
-        parts.append(f"{s.tokens_per_second:.1f} tok/s")
-        if s.speculative:
-            parts.append(f"acceptance {s.acceptance_rate:.0%}" if s.drafted else
-                         "nothing drafted")
-            parts.append(f"{s.tokens_per_pass:.2f} tokens/pass")
+        parts.append(turn.generation.stats.summary())
+        if turn.generation.stats.speculative:
             x = session.speedup(turn)
             parts.append(f"≈{x:.2f}× plain speed" if x is not None else "speedup unknown")
-        else:
-            parts.append("speculation off")
     parts.append(f"context {session.context_used}/{session.engine.n_ctx}")
     return " · ".join(parts)
 
@@ -111,12 +105,11 @@ def settings_line(session: ChatSession) -> str:
 
 def stats_text(session: ChatSession) -> str:
     """The ``/stats`` report: the last answer in detail, the session's totals, the settings."""
-    from ..cli import format_stats
     t = session.totals
     lines = []
     if session.last is not None:
         g = session.last.generation
-        lines.append(f"last answer: [{g.finish_reason}] {format_stats(g.stats)}")
+        lines.append(f"last answer: [{g.finish_reason}] {g.stats.summary(detail=True)}")
     else:
         lines.append("last answer: none yet")
     acc = f", acceptance {t.accepted / t.drafted:.0%} ({t.accepted}/{t.drafted})" \

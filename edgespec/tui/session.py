@@ -1,26 +1,25 @@
 """One chat with an Engine: settings, turns, interruption and statistics, with no terminal code.
 
 The terminal loop and the pipe loop both drive a :class:`ChatSession`; the conversation itself
-is a :class:`~edgespec.chat.Conversation`. The engine reuses both models' KV caches whenever
+is a :class:`~edgespec.conversation.Conversation`. The engine reuses both models' KV caches whenever
 the next prompt extends the previous one, which a chat turn does, so each turn evaluates only
 its new tokens — unless the oldest turns had to be dropped to make room.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
-from ..chat import Conversation
-from ..config import SamplingParams
+from ..config import CHAT_MAX_TOKENS, SamplingParams
+from ..conversation import Conversation
 from ..errors import EdgespecError, InvalidParameterError
 
 if TYPE_CHECKING:  # the engine (numpy, llama.cpp) loads only when a chat starts
-    from ..engine import Engine, Generation
+    from ..engine import Engine
+    from ..results import Generation
 
-DEFAULT_MAX_TOKENS = 1024
 SAMPLING_SETTINGS = ("temperature", "top_k", "top_p", "min_p")
 SETTINGS = SAMPLING_SETTINGS + ("max_tokens", "draft_max")
 
@@ -80,14 +79,13 @@ class ChatSession:
     """A conversation with ``engine`` and the settings its answers use."""
 
     def __init__(self, engine: "Engine", *, label: str, sampling: Optional[SamplingParams] = None,
-                 max_tokens: int = DEFAULT_MAX_TOKENS, system: Optional[str] = None):
+                 max_tokens: int = CHAT_MAX_TOKENS, system: Optional[str] = None):
         info = engine.info()
         self.engine = engine
         self.label = label
         self.backend: str = info["backend"]
-        self.can_speculate = info["drafter"] != "none"
+        self.can_speculate = engine.can_speculate
         self.speculative = self.can_speculate
-        self._auto_draft_max = engine.spec.draft_max is None
         self.sampling = sampling if sampling is not None else SamplingParams()
         self.max_tokens = max_tokens
         self.conversation = Conversation(system)
@@ -122,10 +120,7 @@ class ChatSession:
                 if self._interrupted:
                     break
         finally:
-            stream.close()
-        if stream.result is None:  # interrupted before the engine started
-            from ..engine import Generation
-            stream.result = Generation("", [], "cancelled")
+            stream.close()      # (an answer that never started ends "cancelled")
         generation = stream.result
         interrupted = self._interrupted or generation.finish_reason == "cancelled"
         self.conversation.add_turn(text, generation.text, interrupted)
@@ -176,15 +171,11 @@ class ChatSession:
 
     # -- settings -------------------------------------------------------------------------
 
-    @property
-    def draft_max(self) -> Optional[int]:
-        return self.engine.spec.draft_max
-
     def settings(self) -> dict:
-        s = self.sampling
+        s, spec = self.sampling, self.engine.spec
         return {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
                 "min_p": s.min_p, "max_tokens": self.max_tokens,
-                "draft_max": "auto" if self.draft_max is None else self.draft_max}
+                "draft_max": "auto" if spec.is_adaptive else spec.fixed_k}
 
     def set(self, name: str, value: str) -> None:
         """Change one setting from its text; raises a one-line error naming what is valid."""
@@ -200,14 +191,11 @@ class ChatSession:
             if not self.can_speculate:
                 raise ChatError("draft_max has no effect: no draft model is loaded (start with "
                                 "--pair NAME or --target T --draft D)")
-            valid = "an integer in [0, 256]" + (" or auto" if self._auto_draft_max else "")
-            k = None if value == "auto" and self._auto_draft_max else _number(value)
-            if k is not None and not isinstance(k, int):
-                raise InvalidParameterError(name, k, valid)
-            try:
-                self.engine.spec = dataclasses.replace(self.engine.spec, draft_max=k)
-            except InvalidParameterError:
-                raise InvalidParameterError(name, k, valid) from None
+            auto = self.engine.spec.adaptive      # (--no-adaptive: no cost model to return to)
+            k = None if value == "auto" and auto else _number(value)
+            if k is not None and (not isinstance(k, int) or isinstance(k, bool)):
+                raise InvalidParameterError(name, k, "an integer" + (" or auto" if auto else ""))
+            self.engine.set_draft_max(k)
         else:
             raise ChatError(f"unknown setting '{name}'; settings are {', '.join(SETTINGS)}")
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ..chat import Conversation
+from ..conversation import Conversation
 from ..errors import EdgespecError
 from .render import Printer, plural, settings_line, stats_text, status_line
 from .session import SETTINGS, ChatError, ChatSession

@@ -13,7 +13,7 @@ import re
 import shutil
 from pathlib import Path
 
-from .errors import EdgespecError
+from ..errors import EdgespecError
 
 _REPO_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
 _REV_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,199}")

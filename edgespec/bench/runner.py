@@ -1,4 +1,4 @@
-"""``edgespec bench``: every way of decoding a pair, side by side, interleaved.
+"""Running the bench: every way of decoding a pair, side by side, interleaved.
 
 Absolute speeds on a shared machine drift by tens of percent between minutes, so every figure
 that matters is a ratio measured in one run: each prompt is decoded by every configuration
@@ -18,15 +18,12 @@ llama.cpp.
 
 from __future__ import annotations
 
-import json
 import resource
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from .bench_prompts import PROMPT_SETS
-from .config import SamplingParams, SpecConfig
+from ..config import SamplingParams, SpecConfig
 
 PEER_PLAIN = "llama-cpp-python"
 PEER_LOOKUP = "llama-cpp-python+lookup"
@@ -111,13 +108,14 @@ def predicted_speedup(costs, t: Totals, draft_cost: float) -> Optional[float]:
 def run_bench(engine, prompts: list[str], *, max_tokens: int, sampling: SamplingParams,
               raw: bool, ks: list[int], repeats: int = 1, peers: bool = True,
               log=print) -> dict:
-    from .backend import LlamaCppPythonPeer
-    from .drafters import Costs, calibrate
-    from .engine import Engine
+    from ..backend.peer import LlamaCppPythonPeer
+    from ..drafting import Costs, calibrate
+    from ..engine import Engine
 
     configs = make_configs(ks, engine.draft is not None, peers)
-    engines = {c.name: Engine(engine.target, engine.draft, c.spec) for c in configs
-               if c.spec is not None}
+    engines = {c.name: Engine(engine.target, engine.draft, c.spec,
+                              draft_head=engine.draft_head)
+               for c in configs if c.spec is not None}
     peer_objs = {}
     try:
         for c in configs:
@@ -188,111 +186,3 @@ def run_bench(engine, prompts: list[str], *, max_tokens: int, sampling: Sampling
         "model_files_mib": sum(Path(m.path).stat().st_size for m in
                                (engine.target, engine.draft) if m) / 2**20,
     }
-
-
-def format_report(res: dict) -> str:
-    head = (f"{'':24}{'tok/s':>7}{'speedup':>9}{'predicted':>10}{'accept':>8}{'tok/pass':>9}"
-            f"{'outside llama.cpp':>19}{'draft head':>12}")
-    lines = [head]
-    for name, r in res["configs"].items():
-        pred = r.get("predicted_speedup")
-        lines.append(
-            f"{name:24}{r['tokens_per_second']:7.1f}{r['speedup']:8.2f}x"
-            f"{(f'{pred:.2f}x' if pred else ''):>10}"
-            f"{(format(r['acceptance_rate'], '.0%') if 'acceptance_rate' in r else ''):>8}"
-            f"{(format(r['tokens_per_pass'], '.2f') if 'tokens_per_pass' in r else ''):>9}"
-            f"{(format(r['outside_llama_share'], '.1%') if 'outside_llama_share' in r else ''):>19}"
-            f"{(format(r['draft_head_share'], '.1%') if r.get('draft_head_share') else ''):>12}")
-    c = res["costs"]
-    tb = ", ".join(f"{n}: {1000 * v:.1f}" for n, v in c["target_seconds_by_batch"].items())
-    lines += [
-        f"costs (ms): target pass by batch size [{tb}]; draft {1000 * c['draft_seconds_per_token']:.1f}"
-        f" per token ({c['draft_to_target_cost']:.2f} of a target token)",
-        f"{res['prompts']} prompts × {res['max_tokens']} tokens, temperature "
-        f"{res['temperature']}; peak RSS {res['peak_rss_mib']:.0f} MiB (model files "
-        f"{res['model_files_mib']:.0f} MiB)",
-    ]
-    return "\n".join(lines)
-
-
-def _pyplot():
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        from .errors import EdgespecError
-        raise EdgespecError("--plot needs matplotlib: pip install 'edgespec[plot]'") from None
-    return plt
-
-
-def plot(res: dict, path: str) -> None:
-    """Speedup against pinned draft length, with the other configurations as lines."""
-    plt = _pyplot()
-    rows = res["configs"]
-    fixed = sorted((r["k"], r["speedup"]) for r in rows.values() if "k" in r)
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    if fixed:
-        ax.plot([k for k, _ in fixed], [s for _, s in fixed], "o-", label="draft length pinned")
-    styles = iter(["--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1))])
-    for name, r in rows.items():
-        if "k" not in r and name != "plain":
-            ax.axhline(r["speedup"], linestyle=next(styles, "--"), label=name, alpha=0.8)
-    ax.axhline(1.0, color="grey", linewidth=1, label="plain")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("draft tokens per round (K)")
-    ax.set_ylabel("speedup over plain decoding")
-    ax.set_title("edgespec bench")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def cmd_bench(args) -> int:
-    from .cli import UsageError, _status, load_engine
-    sampling = SamplingParams(temperature=args.temperature, seed=args.seed)
-    try:
-        ks = [int(k) for k in args.ks.split(",") if k]
-    except ValueError:
-        raise UsageError(f"--ks must be comma-separated integers, got {args.ks!r}") from None
-    if args.plot:
-        _pyplot()  # fail before an hour of benchmarking, not after
-    with load_engine(args, _status) as eng:
-        raw = args.raw or eng.template.is_fallback
-        prompts = PROMPT_SETS[args.prompts]
-        log = (lambda s: None) if args.json else _status
-        log(f"target {eng.target.path.name}, draft "
-            f"{eng.draft.path.name if eng.draft else '-'}, backend {eng.info()['backend']}, "
-            f"{len(prompts)} '{args.prompts}' prompts, {'raw' if raw else 'chat'} mode")
-        res = run_bench(eng, prompts, max_tokens=args.max_tokens, sampling=sampling, raw=raw,
-                        ks=ks, repeats=args.repeats, peers=not args.no_peers, log=log)
-    if args.plot:
-        plot(res, args.plot)
-    print(json.dumps(res) if args.json else format_report(res))
-    return 0
-
-
-def build_bench_parser(sub) -> None:
-    from .cli import add_model_args
-    p = sub.add_parser("bench", help="measure every decoding configuration side by side")
-    p.add_argument("--prompts", choices=sorted(PROMPT_SETS), default="default",
-                   help="built-in prompt set (default: default)")
-    p.add_argument("--max-tokens", "-n", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--ks", default="2,4,8,16", help="pinned draft lengths to compare")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=None,
-                   help="seed for sampled runs (a seeded sampled request pins the draft length)")
-    p.add_argument("--raw", action="store_true", help="no chat template")
-    p.add_argument("--no-peers", action="store_true",
-                   help="skip llama-cpp-python's own plain and prompt-lookup decoding")
-    p.add_argument("--json", action="store_true", help="print the results as JSON")
-    p.add_argument("--plot", metavar="FILE.png", help="draw speedup against draft length")
-    add_model_args(p)
-    p.set_defaults(func=cmd_bench)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    from .cli import main
-    sys.exit(main(["bench", *sys.argv[1:]]))

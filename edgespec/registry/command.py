@@ -1,6 +1,6 @@
 """``edgespec pairs | pull | rm | pair derive``: the registry and the model files on this machine.
 
-A shell over ``pairs.py`` (and, through it, ``hub.py``): parse, call, print. Results go to
+A shell over :mod:`.pairs` (and, through it, :mod:`.hub`): parse, call, print. Results go to
 stdout (one ``name: path`` line per model), progress and notes to stderr.
 """
 
@@ -10,11 +10,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from .errors import EdgespecError
-
-
-def _status(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+from ..errors import EdgespecError
+from ..shell import status as _status
 
 
 def _is_hub_spec(name: str) -> bool:
@@ -108,8 +105,8 @@ def cmd_pull(args) -> int:
 
 
 def cmd_rm(args) -> int:
-    from .downloads import human_size
     from . import pairs
+    from .downloads import human_size
     for name in args.names:
         if _is_hub_spec(name):
             from .hub import HubFile, remove

@@ -11,7 +11,7 @@ Contract:
   that and the registry's value. A mismatch deletes the cached copy and raises
   :class:`ChecksumMismatchError` showing both hashes.
 - A cached file counts as a model only once verified. Verifying leaves a stamp (path, size,
-  mtime, sha256) under ``<models dir>/.hub-verified``; a cached file without one (fetched by
+  mtime, sha256) under ``paths.hub_stamps_dir()``; a cached file without one (fetched by
   another tool, or left by a process killed between transfer and check) is hashed before its
   first use. So nothing half-written or unchecked is ever handed to llama.cpp.
 - With ``HF_HUB_OFFLINE=1`` only the cache is read; no request leaves the machine.
@@ -19,8 +19,6 @@ Contract:
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import re
@@ -36,10 +34,11 @@ from huggingface_hub import errors as hf_errors
 from huggingface_hub.file_download import repo_folder_name
 from huggingface_hub.utils import tqdm as hf_tqdm
 
-from . import downloads
+from . import downloads, stamps
 from .downloads import (ChecksumMismatchError, DownloadError, check_hub_spec, human_size,
                         sha256_file)
-from .errors import ModelNotFoundError
+from .. import paths
+from ..errors import ModelNotFoundError
 
 log_ = logging.getLogger(__name__)
 
@@ -97,17 +96,6 @@ class HubFile:
         return bool(COMMIT_RE.fullmatch(self.revision))
 
 
-def cache_dir() -> Path:
-    """The hub cache, resolved now from HF_HUB_CACHE, HF_HOME or XDG_CACHE_HOME."""
-    env = os.environ
-    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
-        if env.get(var):
-            return Path(os.path.expandvars(env[var])).expanduser()
-    home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or "~/.cache",
-                                              "huggingface")
-    return Path(os.path.expandvars(home)).expanduser() / "hub"
-
-
 def endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT") or hf_constants.ENDPOINT).rstrip("/")
 
@@ -127,7 +115,7 @@ def stop_log_propagation() -> None:
 
 
 def _repo_dir(f: HubFile) -> Path:
-    return cache_dir() / repo_folder_name(repo_id=f.repo, repo_type="model")
+    return paths.hub_cache_dir() / repo_folder_name(repo_id=f.repo, repo_type="model")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -146,7 +134,7 @@ def snapshot_path(f: HubFile) -> Path:
 
 def cached_path(f: HubFile) -> Optional[Path]:
     """The cached copy of ``f`` at its revision, verified or not; None if not cached."""
-    p = huggingface_hub.try_to_load_from_cache(f.repo, f.filename, cache_dir=cache_dir(),
+    p = huggingface_hub.try_to_load_from_cache(f.repo, f.filename, cache_dir=paths.hub_cache_dir(),
                                                revision=f.revision)
     return Path(p) if isinstance(p, str) and os.path.isfile(p) else None
 
@@ -156,7 +144,7 @@ def verified_path(f: HubFile) -> Optional[Path]:
     p = cached_path(f)
     if p is None:
         return None
-    sha = _stamped_sha256(p)
+    sha = stamps.stamped_sha256(p)
     if sha is None or (f.sha256 and sha != f.sha256.lower()):
         return None
     return p
@@ -171,7 +159,7 @@ def local_path(f: HubFile, *, log: Callable[[str], None] = _quiet) -> Optional[P
     p = cached_path(f)
     if p is None:
         return None
-    stamped = _stamped_sha256(p)
+    stamped = stamps.stamped_sha256(p)
     if stamped is not None:
         return p if not f.sha256 or stamped == f.sha256.lower() else None
     blob_name = Path(os.path.realpath(p)).name
@@ -199,63 +187,24 @@ def remove(f: HubFile) -> int:
     for blob in blobs - still_used:
         if blob.is_file():
             freed += blob.stat().st_size
-            _stamp_path(blob).unlink(missing_ok=True)
+            stamps.stamp_path(blob).unlink(missing_ok=True)
             blob.unlink()
     return freed
 
 
 # ---------------------------------------------------------------------------------------------
-# Verification stamps
-
-
-def _stamp_path(blob: Path) -> Path:
-    from .pairs import models_dir  # pairs imports this module lazily; no cycle at import time
-    key = hashlib.sha256(str(blob).encode()).hexdigest()[:32]
-    return models_dir() / ".hub-verified" / f"{key}.json"
-
-
-def _stamped_sha256(path: Path) -> Optional[str]:
-    blob = Path(os.path.realpath(path))
-    try:
-        rec = json.loads(_stamp_path(blob).read_text())
-        st = blob.stat()
-    except (OSError, ValueError):
-        return None
-    if rec.get("blob") != str(blob) or rec.get("size") != st.st_size \
-            or rec.get("mtime_ns") != st.st_mtime_ns:
-        return None
-    return rec.get("sha256")
-
-
-def _write_stamp(path: Path, sha256: str) -> None:
-    blob = Path(os.path.realpath(path))
-    st = blob.stat()
-    stamp = _stamp_path(blob)
-    stamp.parent.mkdir(parents=True, exist_ok=True)
-    tmp = stamp.with_name(f"{stamp.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"blob": str(blob), "size": st.st_size,
-                               "mtime_ns": st.st_mtime_ns, "sha256": sha256}))
-    os.replace(tmp, stamp)
-
-
-def _discard(path: Path) -> None:
-    """Delete a cached copy: its snapshot link, its blob and its stamp."""
-    blob = Path(os.path.realpath(path))
-    _stamp_path(blob).unlink(missing_ok=True)
-    if path.is_symlink():
-        path.unlink(missing_ok=True)
-    blob.unlink(missing_ok=True)
+# Verification
 
 
 def _check_sha256(path: Path, f: HubFile, expected: str, source: str) -> str:
     actual = sha256_file(path)
     if expected and actual != expected:
-        _discard(path)
+        stamps.discard(path)
         raise ChecksumMismatchError(
             f"{f}: sha256 mismatch, expected {expected} ({source}), got {actual}; the bad copy "
             "was deleted — run the command again, and if it fails the same way the server is "
             "sending altered data")
-    _write_stamp(path, actual)
+    stamps.write_stamp(path, actual)
     return actual
 
 
@@ -289,7 +238,7 @@ def download(f: HubFile, *, require_commit: bool = False, show_progress: bool = 
         p = local_path(f, log=log)
         if p is None:
             cmd = pull_command or f"edgespec pull {f}"
-            raise ModelNotFoundError(f"{f} is not in the hub cache ({cache_dir()}) and "
+            raise ModelNotFoundError(f"{f} is not in the hub cache ({paths.hub_cache_dir()}) and "
                                      f"HF_HUB_OFFLINE=1 is set: run `{cmd}` with network access")
         return p
     if f.pinned and (done := verified_path(f)) is not None:
@@ -298,14 +247,14 @@ def download(f: HubFile, *, require_commit: bool = False, show_progress: bool = 
     meta = _metadata(f)
     pointer = _repo_dir(f) / "snapshots" / meta.commit_hash / f.filename
     etag_sha = meta.etag.lower() if _SHA256_RE.fullmatch(meta.etag.lower()) else None
-    if pointer.is_file() and _stamped_sha256(pointer) == (f.sha256 or etag_sha or "-").lower():
+    if pointer.is_file() and stamps.stamped_sha256(pointer) == (f.sha256 or etag_sha or "-").lower():
         return pointer  # this commit's file is cached and verified: nothing more to ask
     expected = _expected_sha256(f, meta)
     path = _transfer(f, meta, show_progress, log)
     if expected is None:
         log_.warning("the hub gives no sha256 for %s (not an LFS file): only its size was "
                      "checked", f)
-    stamped = _stamped_sha256(path)  # set when this blob was verified before (another rev)
+    stamped = stamps.stamped_sha256(path)  # set when this blob was verified before (another rev)
     if stamped is None or (expected and stamped != expected):
         log(f"verifying sha256 of {f.filename}…")
         _check_sha256(path, f, expected or "", "the registry" if f.sha256 else
@@ -344,10 +293,10 @@ def _transfer(f: HubFile, meta, show_progress: bool, log: Callable[[str], None])
     blobs = _repo_dir(f) / "blobs"
     _sweep_stale_partials(blobs, meta.etag, log)
     if meta.size and not (blobs / meta.etag).exists():
-        downloads.check_free_space(cache_dir(), meta.size, str(f))
+        downloads.check_free_space(paths.hub_cache_dir(), meta.size, str(f))
         log(f"downloading {f} ({human_size(meta.size)}) from {endpoint()}")
     return Path(_call(f, "transfer", lambda: huggingface_hub.hf_hub_download(
-        f.repo, f.filename, revision=f.revision, cache_dir=cache_dir(), endpoint=endpoint(),
+        f.repo, f.filename, revision=f.revision, cache_dir=paths.hub_cache_dir(), endpoint=endpoint(),
         tqdm_class=_Bar if show_progress else _NoBar)))
 
 
@@ -428,7 +377,7 @@ def _explain(f: HubFile, stage: str, e: Exception) -> str:
 
 def download_model(entry, *, show_progress: bool = False, require_commit: bool = False,
                    log: Callable[[str], None] = _quiet) -> Path:
-    """:func:`download` for a registry :class:`~edgespec.pairs.ModelEntry` of kind ``hub``."""
+    """:func:`download` for a registry :class:`~edgespec.registry.pairs.ModelEntry` of kind ``hub``."""
     return download(hub_file(entry), require_commit=require_commit, show_progress=show_progress,
                     log=log, pull_command=f"edgespec pull {entry.name}")
 

@@ -1,0 +1,18 @@
+"""The llama.cpp adapter: the only package that imports ``llama_cpp``.
+
+- :mod:`.runtime` — backend initialisation, its log, the ggml library, devices, heap trim
+- :mod:`.model` — :class:`LlamaModel`: one GGUF and its context (eval, truncate, tokenize)
+- :mod:`.tap` — the eval-callback tap that reads the final hidden state
+- :mod:`.vocab` — vocabularies and the pair compatibility check
+- :mod:`.quantize` — llama.cpp's quantizer
+- :mod:`.peer` — llama-cpp-python's high-level API, for benchmarks
+"""
+
+from .model import LlamaModel
+from .quantize import FTYPES, check_ftype, quantize
+from .runtime import LLAMA_CPP_VERSION, backend_info, release_free_heap
+from .vocab import VocabOnly, check_compatible, check_compatible_files
+
+__all__ = ["LlamaModel", "FTYPES", "check_ftype", "quantize", "LLAMA_CPP_VERSION",
+           "backend_info", "release_free_heap", "VocabOnly", "check_compatible",
+           "check_compatible_files"]

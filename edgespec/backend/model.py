@@ -1,0 +1,308 @@
+"""One GGUF model with one llama.cpp context: the :class:`~edgespec.lm.LanguageModel` the
+loop runs on.
+
+A :class:`LlamaModel` keeps ``tokens``, the exact sequence its KV cache holds, so callers
+reason about caches as lists: :meth:`LlamaModel.eval` appends, :meth:`LlamaModel.truncate`
+removes a suffix with ``llama_memory_seq_rm``. Logits come back as numpy views of llama.cpp's
+output buffer, only for the rows asked for, valid until the next ``eval``. Every bound that
+llama.cpp enforces with an abort (batch size, context size, number of outputs) is checked here
+first and raised as an :class:`~edgespec.errors.EdgespecError` instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from typing import Optional, Sequence
+
+import numpy as np
+
+import llama_cpp.llama_cpp as C
+
+from ..config import ModelConfig
+from ..errors import BackendError, ContextOverflowError, ModelLoadError
+from ..gguf_file import GGUFInfo, check_causal_lm, read_gguf
+from ..lm import VocabInfo
+from .runtime import ensure_init, ggml, gpu_devices
+from .tap import Tap
+from .vocab import read_vocab, token_text
+
+_DECODE_ERRORS = {1: "no room in the KV cache", 2: "aborted", -1: "invalid batch"}
+
+
+class LlamaModel:
+    """One GGUF model and one llama.cpp context (see the module docstring)."""
+
+    def __init__(self, config: ModelConfig, tap_min_vocab: Optional[int] = None):
+        """``tap_min_vocab``: make :meth:`eval_hidden` skip the output layer when the
+        vocabulary has at least this many entries and llama.cpp has no GPU backend."""
+        ensure_init(config.verbose)
+        self.config = config
+        self.path = config.path
+        self.info: GGUFInfo = read_gguf(config.path)   # before llama.cpp sees the file
+        check_causal_lm(self.info)
+        self._model = self._ctx = self._batch = None
+        self._tap: Optional[Tap] = None
+        self._closed = False
+        self.tokens: list[int] = []
+        self.decode_seconds = 0.0     # wall time inside llama_decode, cumulative
+        self._last_chunk = 0          # tokens in the last llama_decode call
+        self._piece_cache: dict[int, bytes] = {}
+        self._piece_buf = ctypes.create_string_buffer(256)
+
+        mparams = C.llama_model_default_params()
+        mparams.n_gpu_layers = config.n_gpu_layers if config.n_gpu_layers >= 0 else 999
+        self._model = C.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not self._model:
+            raise ModelLoadError(self.path, "llama.cpp could not load this model (unsupported "
+                                            "architecture or damaged tensors; run with "
+                                            "--verbose to see llama.cpp's log)")
+        try:
+            self._open_context(tap_min_vocab)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open_context(self, tap_min_vocab: Optional[int]) -> None:
+        model, config = self._model, self.config
+        if C.llama_model_has_encoder(model) and not C.llama_model_has_decoder(model):
+            raise ModelLoadError(self.path, "is an encoder-only model, not a text-generation "
+                                            "model")
+        self._vocab_p = C.llama_model_get_vocab(model)
+        self.vocab: VocabInfo = read_vocab(self._vocab_p)
+        self.n_ctx_train = C.llama_model_n_ctx_train(model)
+        self.n_embd = C.llama_model_n_embd(model)
+        self.n_outputs_max = min(config.n_outputs_max, config.n_batch)
+        cparams = C.llama_context_default_params()
+        cparams.n_ctx = config.n_ctx
+        cparams.n_batch = cparams.n_ubatch = config.n_batch
+        cparams.n_seq_max = 1
+        cparams.n_outputs_max = self.n_outputs_max
+        cparams.n_threads = cparams.n_threads_batch = config.n_threads
+        cparams.no_perf = True
+        # Only where llama.cpp has no device but the CPU: with one, even a model kept on the
+        # CPU may have large batches' products run there (op offload), and the tapped tensor
+        # would then be device memory.
+        if tap_min_vocab is not None and self.vocab.n_vocab >= tap_min_vocab \
+                and not gpu_devices() and (lib := ggml()) is not None:
+            self._tap = Tap(lib, self.n_embd)
+            cparams.cb_eval = ctypes.cast(self._tap.c_callback, type(cparams.cb_eval))
+            cparams.cb_eval_user_data = None
+        self._ctx = C.llama_init_from_model(model, cparams)
+        if not self._ctx:
+            raise ModelLoadError(self.path, f"llama.cpp could not create a context of "
+                                            f"{config.n_ctx} tokens (out of memory? try a "
+                                            "smaller n_ctx)")
+        self._mem = C.llama_get_memory(self._ctx)
+        # llama.cpp pads the context up (to a multiple of 256); honour what was asked.
+        self.n_ctx = min(config.n_ctx, C.llama_n_ctx(self._ctx))
+        self.n_batch = C.llama_n_batch(self._ctx)
+        self._batch = C.llama_batch_init(self.n_batch, 0, 1)
+        for i in range(self.n_batch):
+            self._batch.n_seq_id[i] = 1
+            self._batch.seq_id[i][0] = 0
+
+    # -- metadata -------------------------------------------------------------------------
+
+    @property
+    def n_vocab(self) -> int:
+        return self.vocab.n_vocab
+
+    def token_text(self, token: int) -> bytes:
+        """The raw vocabulary entry (as stored in the GGUF), for the pair check."""
+        return token_text(self._vocab_p, token)
+
+    def describe(self) -> dict:
+        return {"path": str(self.path), "name": self.info.name,
+                "architecture": self.info.architecture,
+                "size_bytes": self.info.file_size,
+                "n_params": int(C.llama_model_n_params(self._model)),
+                "n_ctx": self.n_ctx, "n_ctx_train": self.n_ctx_train,
+                "n_vocab": self.n_vocab, "n_threads": self.config.n_threads,
+                "n_gpu_layers": self.config.n_gpu_layers}
+
+    # -- text <-> tokens ------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool = True,
+                 parse_special: bool = True) -> list[int]:
+        """Tokens of ``text``; ``add_special`` adds BOS/EOS as the model asks."""
+        raw = text.encode("utf-8")
+        cap = len(raw) + 16
+        for _ in range(2):
+            buf = (C.llama_token * cap)()
+            n = C.llama_tokenize(self._vocab_p, raw, len(raw), buf, cap, add_special,
+                                 parse_special)
+            if n >= 0:
+                return list(buf[:n])
+            cap = -n
+        raise BackendError(f"tokenization failed for a text of {len(raw)} bytes")
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token contributes to the output (control tokens contribute none)."""
+        piece = self._piece_cache.get(token)
+        if piece is None:
+            n = C.llama_token_to_piece(self._vocab_p, token, self._piece_buf, 256, 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = C.llama_token_to_piece(self._vocab_p, token, buf, -n, 0, False)
+                piece = buf.raw[:n]
+            else:
+                piece = self._piece_buf.raw[:n]
+            self._piece_cache[token] = piece
+        return piece
+
+    # -- the KV cache ---------------------------------------------------------------------
+
+    def eval(self, tokens: Sequence[int], n_logits: int = 1) -> np.ndarray:
+        """Append ``tokens`` to the cache and return logits for the last ``n_logits`` of them.
+
+        Returns a float32 array of shape ``(n_logits, n_vocab)`` that views llama.cpp's
+        buffer: valid until the next ``eval``; copy what must outlive it. Tokens longer than
+        ``n_batch`` are sent in several ``llama_decode`` calls.
+        """
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("eval() needs at least one token")
+        if not 0 <= n_logits <= min(n, self.n_outputs_max):
+            raise ValueError(f"n_logits={n_logits} must be in [0, min({n}, "
+                             f"{self.n_outputs_max})]")
+        if len(self.tokens) + n > self.n_ctx:
+            raise ContextOverflowError(len(self.tokens) + n, self.n_ctx)
+        self._check_open()
+        for start in range(0, n, self.n_batch):
+            chunk = tokens[start:start + self.n_batch]
+            self._decode(chunk, first_logit=max(0, (n - n_logits) - start))
+        if n_logits == 0:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        return self._logits_view(self._last_chunk - n_logits, n_logits)
+
+    def _decode(self, chunk: Sequence[int], first_logit: int) -> None:
+        b = self._batch
+        pos0 = len(self.tokens)
+        tok, pos, lg = b.token, b.pos, b.logits
+        for i, t in enumerate(chunk):
+            tok[i] = t
+            pos[i] = pos0 + i
+            lg[i] = i >= first_logit
+        b.n_tokens = len(chunk)
+        t0 = time.perf_counter()
+        rc = C.llama_decode(self._ctx, b)
+        C.llama_synchronize(self._ctx)
+        self.decode_seconds += time.perf_counter() - t0
+        if rc != 0:
+            # On failure llama.cpp may have kept some ubatches: resynchronise our record.
+            kept = C.llama_memory_seq_pos_max(self._mem, 0) + 1
+            self.tokens = (self.tokens + list(chunk))[:kept]
+            self.truncate(pos0)
+            raise BackendError(f"llama_decode failed with code {rc} ("
+                               f"{_DECODE_ERRORS.get(rc, 'fatal error')})")
+        self.tokens.extend(chunk)
+        self._last_chunk = len(chunk)
+
+    def _logits_view(self, first_row: int, n_rows: int) -> np.ndarray:
+        p0 = C.llama_get_logits_ith(self._ctx, first_row)
+        if not p0:
+            raise BackendError("llama.cpp returned no logits for a row that asked for them")
+        addr0 = ctypes.cast(p0, ctypes.c_void_p).value
+        if n_rows > 1:
+            last = ctypes.cast(C.llama_get_logits_ith(self._ctx, first_row + n_rows - 1),
+                               ctypes.c_void_p).value
+            if last != addr0 + (n_rows - 1) * self.n_vocab * 4:
+                return np.stack([self._logits_view(first_row + i, 1)[0] for i in range(n_rows)])
+        arr = (ctypes.c_float * (n_rows * self.n_vocab)).from_address(addr0)
+        return np.frombuffer(arr, dtype=np.float32).reshape(n_rows, self.n_vocab)
+
+    @property
+    def can_tap(self) -> bool:
+        """Whether :meth:`eval_hidden` can skip the output layer on this model."""
+        return self._tap is not None
+
+    def eval_hidden(self, tokens: Sequence[int]) -> Optional[np.ndarray]:
+        """Append ``tokens`` like ``eval(tokens, 1)``, but stop llama.cpp's graph after the
+        final norm and return the last token's hidden state (``n_embd`` float32, a copy):
+        the caller applies its own output rows (:meth:`output_rows`). On a 262k-entry
+        vocabulary the output layer is most of a small model's step (Gemma-3-270M Q4_K_M:
+        13 ms with it, 5 ms without).
+
+        Returns None when the hidden state could not be read (no tap on this model, or a graph
+        without that node): the whole graph then ran and :meth:`last_logits` holds the row.
+        """
+        tap = self._tap
+        if tap is None:
+            self.eval(tokens, 1)
+            return None
+        n = len(tokens)
+        if n > self.n_batch:        # earlier chunks have no outputs: evaluate them plainly
+            self.eval(tokens[:n - self.n_batch], 0)
+            tokens = tokens[n - self.n_batch:]
+        tap.on = True
+        try:
+            self.eval(tokens, 1)
+        finally:
+            tap.on = False
+        return tap.take()
+
+    def last_logits(self) -> np.ndarray:
+        """The logits row of the last evaluated token (after an eval that asked for it)."""
+        return self._logits_view(self._last_chunk - 1, 1)[0]
+
+    def output_rows(self, ids: Sequence[int]) -> np.ndarray:
+        """Rows ``ids`` of the output layer's weights (``output.weight``, or the tied token
+        embeddings), dequantized to float32: shape ``(len(ids), n_embd)``."""
+        from gguf.quants import dequantize
+        name = "output.weight" if "output.weight" in self.info.tensors else "token_embd.weight"
+        dims, ttype, offset, nbytes = self.info.tensors[name]
+        n_rows = dims[1] if len(dims) > 1 else 1
+        mm = np.memmap(self.path, dtype=np.uint8, mode="r", offset=offset,
+                       shape=(n_rows, nbytes // n_rows))
+        try:
+            raw = np.asarray(mm[np.asarray(ids, dtype=np.int64)])
+        finally:
+            del mm
+        return np.ascontiguousarray(dequantize(raw, ttype).reshape(len(ids), -1),
+                                    dtype=np.float32)
+
+    def truncate(self, n: int) -> None:
+        """Keep only the first ``n`` cache positions (``llama_memory_seq_rm``)."""
+        if n >= len(self.tokens):
+            return
+        self._check_open()
+        if not C.llama_memory_seq_rm(self._mem, 0, n, -1):
+            raise BackendError(
+                f"{self.path.name}: llama.cpp cannot remove positions from this model's cache "
+                "(recurrent or hybrid architecture); speculative decoding needs a model whose "
+                "cache can be trimmed — use --no-spec")
+        del self.tokens[n:]
+
+    def cache_span(self) -> tuple[int, int]:
+        """(first, last) position llama.cpp holds in the cache; (-1, -1) when empty."""
+        self._check_open()
+        return (C.llama_memory_seq_pos_min(self._mem, 0), C.llama_memory_seq_pos_max(self._mem, 0))
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BackendError(f"{self.path.name}: model is closed")
+
+    def close(self) -> None:
+        """Free the context, the batch and the model. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._batch is not None:
+            C.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            C.llama_free(self._ctx)
+            self._ctx = None
+        self._tap = None    # the callback may go only once no context can call it
+        if self._model:
+            C.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self):  # pragma: no cover - best effort at interpreter exit
+        try:
+            self.close()
+        except Exception:
+            pass

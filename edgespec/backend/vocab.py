@@ -1,0 +1,104 @@
+"""Vocabularies: reading a model's tokenizer facts, and the pair compatibility check.
+
+The check follows llama.cpp's ``common_speculative_are_compatible``: same tokenizer type,
+same BOS/EOS and their add flags, vocabulary sizes within 128, identical token text from id 5
+on. A file's vocabulary can be read without its weights (:class:`VocabOnly`), so a pair is
+checked in a fraction of a second before anything large is loaded.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import llama_cpp.llama_cpp as C
+
+from ..errors import IncompatiblePairError, ModelLoadError
+from ..gguf_file import check_causal_lm, read_gguf
+from ..lm import VocabInfo
+from .runtime import ensure_init
+
+VOCAB_SIZE_TOLERANCE = 128
+VOCAB_CHECK_START = 5
+
+
+def read_vocab(vocab_p) -> VocabInfo:
+    """The tokenizer facts of a llama.cpp vocabulary."""
+    n = C.llama_vocab_n_tokens(vocab_p)
+    is_eog = C.llama_vocab_is_eog
+    # llama.cpp marks end-of-generation tokens by id and by text; asking it for every id is
+    # the only exact answer and costs ~0.1 s for a 262k vocabulary, once.
+    eog = frozenset(i for i in range(n) if is_eog(vocab_p, i))
+    return VocabInfo(n_vocab=n, vocab_type=C.llama_vocab_type(vocab_p),
+                     bos=C.llama_vocab_bos(vocab_p), eos=C.llama_vocab_eos(vocab_p),
+                     add_bos=bool(C.llama_vocab_get_add_bos(vocab_p)),
+                     add_eos=bool(C.llama_vocab_get_add_eos(vocab_p)), eog=eog)
+
+
+def token_text(vocab_p, token: int) -> bytes:
+    """The raw vocabulary entry (as stored in the GGUF)."""
+    return C.llama_vocab_get_text(vocab_p, token) or b""
+
+
+class VocabOnly:
+    """A GGUF's tokenizer, loaded without weights or a context (llama.cpp ``vocab_only``)."""
+
+    def __init__(self, path: str | os.PathLike):
+        ensure_init()
+        self.path = Path(path).expanduser()
+        check_causal_lm(read_gguf(self.path))
+        params = C.llama_model_default_params()
+        params.vocab_only = True
+        self._model = C.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self._model:
+            raise ModelLoadError(self.path, "llama.cpp could not read this model's tokenizer")
+        self._vocab_p = C.llama_model_get_vocab(self._model)
+        self.vocab = read_vocab(self._vocab_p)
+
+    def token_text(self, token: int) -> bytes:
+        return token_text(self._vocab_p, token)
+
+    def close(self) -> None:
+        if self._model:
+            C.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> "VocabOnly":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def check_compatible_files(target: str | os.PathLike, draft: str | os.PathLike) -> None:
+    """The pair check on two files, reading only their tokenizers (fast, little memory)."""
+    with VocabOnly(target) as t, VocabOnly(draft) as d:
+        check_compatible(t, d)
+
+
+def check_compatible(target, draft) -> None:
+    """Raise :class:`IncompatiblePairError` naming the first difference between vocabularies.
+
+    ``target``/``draft``: anything with ``vocab`` (:class:`VocabInfo`) and ``token_text(i)``
+    (a loaded model or a :class:`VocabOnly`).
+    """
+    t, d = target.vocab, draft.vocab
+    if t.vocab_type != d.vocab_type:
+        raise IncompatiblePairError(f"tokenizer types differ (target {t.type_name}, draft "
+                                    f"{d.type_name})")
+    if t.add_bos != d.add_bos or (t.add_bos and t.bos != d.bos):
+        raise IncompatiblePairError(f"BOS differs (target add_bos={t.add_bos} id={t.bos}, draft "
+                                    f"add_bos={d.add_bos} id={d.bos})")
+    if t.add_eos != d.add_eos or t.eos != d.eos:
+        raise IncompatiblePairError(f"EOS differs (target add_eos={t.add_eos} id={t.eos}, draft "
+                                    f"add_eos={d.add_eos} id={d.eos})")
+    if abs(t.n_vocab - d.n_vocab) > VOCAB_SIZE_TOLERANCE:
+        raise IncompatiblePairError(f"vocabulary sizes differ by more than "
+                                    f"{VOCAB_SIZE_TOLERANCE} (target {t.n_vocab}, draft "
+                                    f"{d.n_vocab})")
+    for i in range(VOCAB_CHECK_START, min(t.n_vocab, d.n_vocab)):
+        a, b = target.token_text(i), draft.token_text(i)
+        if a != b:
+            raise IncompatiblePairError(
+                f"token {i} differs (target {a.decode('utf-8', 'replace')!r}, draft "
+                f"{b.decode('utf-8', 'replace')!r})")

@@ -1,0 +1,10 @@
+"""``edgespec bench``: every way of decoding a pair, measured side by side in one run.
+
+- :mod:`.runner` — the configurations and the interleaved runs
+- :mod:`.report` — the table and the plot
+- :mod:`.prompts` — the built-in prompt sets
+- :mod:`.command` — the command line
+
+The peer it compares with (llama-cpp-python's own API) is in ``edgespec.backend.peer``: only
+the backend imports llama.cpp's bindings.
+"""

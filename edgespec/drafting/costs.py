@@ -1,0 +1,171 @@
+"""What drafting and verifying cost: the target's seconds per batch of n tokens and the draft's
+per token, measured at load (calibration), remembered on disk, and refined while decoding.
+
+The cache (``paths.calibration_file()``) keys each entry by the model files (path, size,
+mtime), the thread count and the offload, so that a measurement is reused only where it still
+describes the machine's work.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from .. import paths
+from ..lm import HiddenStateModel, LanguageModel
+from .reduced_head import HEAD_ROWS, ReducedHead
+
+# A draft that costs nothing to make (an n-gram lookup), in seconds per token.
+FREE_DRAFT = 1e-4
+
+
+@dataclass
+class Costs:
+    """Seconds per call: the target's per batch size (sparse, interpolated), the draft's per
+    token. Refined online with exponential moving averages."""
+
+    target: dict[int, float]
+    draft: float
+    ema: float = 0.05
+
+    def __post_init__(self) -> None:
+        self._table()
+
+    def _table(self) -> None:
+        keys = sorted(self.target)
+        self._keys = np.array(keys, dtype=float)
+        self._vals = np.array([self.target[k] for k in keys])
+        self._slope = ((self._vals[-1] - self._vals[-2]) / (self._keys[-1] - self._keys[-2])
+                       if len(keys) > 1 else self._vals[0] / self._keys[0])
+
+    def t(self, n):
+        """Seconds for a target pass of ``n`` tokens (scalar or array): linear between measured
+        sizes, extended along the last segment beyond them."""
+        n = np.asarray(n, dtype=float)
+        out = np.interp(n, self._keys, self._vals)
+        out = np.where(n > self._keys[-1], self._vals[-1] + self._slope * (n - self._keys[-1]),
+                       out)
+        return float(out) if out.ndim == 0 else out
+
+    @staticmethod
+    def _blend(old: float, seconds: float, ema: float) -> float:
+        # One slow call (a cold cache after a prompt, another process) must not flip the
+        # decision: each observation moves the estimate by at most ema × 50%.
+        return old + ema * (min(max(seconds, 0.5 * old), 1.5 * old) - old)
+
+    def observe_target(self, n: int, seconds: float) -> None:
+        old = self.t(n)
+        new = self._blend(old, seconds, self.ema)
+        if n == 1:
+            # A plain pass measures how fast the machine is now, and while decoding plainly
+            # nothing else is measured: every cost follows, so that the calibrated ratios of
+            # draft and batch costs to a plain pass (which decide whether drafting pays) do not
+            # drift apart while the machine speeds up or slows down.
+            scale = new / old
+            self.target = {k: v * scale for k, v in self.target.items()}
+            self.draft *= scale
+        self.target[n] = new
+        self._table()
+
+    def observe_draft(self, seconds: float) -> None:
+        self.draft = self._blend(self.draft, seconds, self.ema)
+
+    def free(self) -> "Costs":
+        """These target costs with drafts that cost nothing (n-gram lookups)."""
+        return Costs(dict(self.target), FREE_DRAFT)
+
+
+def calibrate(target: LanguageModel, draft: Optional[LanguageModel],
+              sizes: Sequence[int] = (1, 2, 4, 8, 16, 33), reps: int = 2,
+              head: Optional[ReducedHead] = None) -> Costs:
+    """Measure the target's seconds per batch of n tokens and the draft's per token (through
+    ``head`` when the draft uses a reduced output layer).
+
+    Uses the models' caches after their current contents and restores them afterwards.
+    """
+    def timed(model: LanguageModel, n: int) -> float:
+        base = len(model.tokens)
+        tok = model.vocab.bos if model.vocab.bos >= 0 else 0
+        best = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            if model is draft and head is not None:
+                hidden = model.eval_hidden([tok] * n)
+                if hidden is not None:
+                    head.subset_logits(hidden)     # what a greedy draft step computes
+            else:
+                model.eval([tok] * n, min(n, model.n_outputs_max))
+            best = min(best, time.perf_counter() - t0)
+            model.truncate(base)
+        return best
+
+    sizes = [n for n in sizes if n <= min(target.n_outputs_max, target.n_batch)]
+    # Untimed warm-up: the first passes after a load fault in the mapped weights and set up
+    # llama.cpp's buffers, and run a third slower (docs/decisions.md).
+    for model in (target, draft):
+        if model is not None:
+            timed(model, max(sizes) if model is target else 1)
+    target_costs = {n: timed(target, n) for n in sizes}
+    draft_cost = timed(draft, 1) if draft is not None else FREE_DRAFT
+    return Costs(target_costs, draft_cost)
+
+
+def _fingerprint(model: HiddenStateModel) -> str:
+    st = model.path.stat()
+    c = model.config
+    return f"{model.path.resolve()}|{st.st_size}|{int(st.st_mtime)}|t{c.n_threads}|" \
+           f"ngl{c.n_gpu_layers}"
+
+
+def _current(key: str) -> bool:
+    """Whether a calibration entry still describes files on this machine: entries for deleted
+    or rewritten files (a removed model, a test's temporary copy) and for an older key format
+    are dropped when the cache is next written, so that it does not grow without end."""
+    for part in key.split("||"):
+        if part == "-" or part.startswith("head"):
+            continue
+        fields = part.split("|")
+        if len(fields) != 5:
+            return False
+        try:
+            st = Path(fields[0]).stat()
+        except OSError:
+            return False
+        if f"{st.st_size}|{int(st.st_mtime)}" != "|".join(fields[1:3]):
+            return False
+    return True
+
+
+def calibrate_cached(target, draft, head: Optional[ReducedHead] = None) -> Costs:
+    """:func:`calibrate`, remembered per model file, threads and offload in the user's cache
+    directory so that only the first load of a pair on a machine pays for it (~1 s).
+
+    ``target``/``draft``: loaded models with ``path`` and ``config`` (a
+    :class:`~edgespec.backend.LlamaModel`)."""
+    path = paths.calibration_file()
+    key = _fingerprint(target) + "||" + (_fingerprint(draft) if draft is not None else "-")
+    if head is not None:
+        key += f"||head{HEAD_ROWS}"
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        saved = {}
+    entry = saved.get(key)
+    if isinstance(entry, dict) and "target" in entry and "draft" in entry:
+        return Costs({int(n): float(v) for n, v in entry["target"].items()}, float(entry["draft"]))
+    costs = calibrate(target, draft, head=head)
+    saved = {k: v for k, v in saved.items() if _current(k)}
+    saved[key] = {"target": costs.target, "draft": costs.draft}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(saved, indent=1))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only home only costs a recalibration next time
+    return Costs(dict(costs.target), costs.draft)

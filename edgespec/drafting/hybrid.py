@@ -1,0 +1,110 @@
+"""Hybrid drafting: an n-gram match from the context when it is worth drafting, else the
+draft model, each source with a length policy of its own."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from ..config import SamplingParams
+from .base import Draft
+from .model import Extender, ModelDrafter
+from .ngram import NgramDrafter, lookup
+
+
+class HybridDrafter:
+    """An n-gram match of at least ``ngram.ngram_min`` tokens when the n-gram policy finds it
+    worth drafting, else the draft model.
+
+    Copying from the context (quotes, code, summaries) costs nothing to draft and is accepted
+    in long runs; everything else goes to the model. An n-gram draft costs nothing and its
+    acceptance depends on the match, a model draft costs a forward pass per token: mixing their
+    evidence in one policy would make each wrong about the other, so each source learns on its
+    own rounds and rests (its evidence fades, so it re-probes later) while the other drafts.
+
+    After long n-gram runs the draft model lags the context; when catching it up would cost
+    more than drafting with it saves before the next match is likely, the round is plain.
+    While the model drafts, a match of at least ``extend_match`` tokens of context + draft
+    continues the draft for free.
+    """
+
+    def __init__(self, model: ModelDrafter, ngram: NgramDrafter, extend_match: int = 6):
+        self.model, self.ngram = model, ngram
+        self.extend_match = extend_match
+        self._planned = (0, 0)          # (model, ngram) plans for this round
+        # Stretches without a usable n-gram match, in tokens: an estimate of how long the
+        # draft model would draft after catching up (decaying mean), and where the current
+        # stretch began.
+        self.miss_tokens = 16.0
+        self._miss_start: Optional[int] = None
+
+    def plan(self) -> int:
+        self._planned = (self.model.plan(), self.ngram.plan())
+        return max(self._planned)
+
+    def draft(self, context: Sequence[int], k_max: int, params: SamplingParams,
+              rng: np.random.Generator, should_stop: Callable[[], bool]) -> Draft:
+        """Up to ``k_max`` tokens (the loop's bound: budget, context, batch), each source
+        capped further by its own plan."""
+        t0 = time.perf_counter()
+        k_model, k_ngram = (min(k_max, k) for k in self._planned)
+        d = self.ngram.draft(context, k_ngram, params, rng, should_stop) if k_ngram > 0 \
+            else None
+        if d is not None and d.x:
+            self._match_found(len(context))
+        else:
+            if self._miss_start is None:
+                self._miss_start = len(context)
+            if not self._catch_up_pays(context):
+                d = Draft()         # a plain round for both sources
+            elif k_model > 0:
+                d = self.model.draft(context, k_model, params, rng, should_stop,
+                                     extend=self._extender(context, k_max))
+            else:
+                d = Draft(source="model")
+        d.seconds = time.perf_counter() - t0
+        return d
+
+    def observe(self, draft: Draft, n_accepted: int, verify_seconds: float) -> None:
+        if draft.source == "ngram":
+            self.ngram.observe(draft, n_accepted, verify_seconds)
+            self.model.rest()
+        elif draft.source == "model":
+            self.model.observe(draft, n_accepted, verify_seconds)
+            self.ngram.rest()
+        else:                       # nobody drafted: a plain round for both
+            self.model.observe(draft, 0, verify_seconds)
+            self.ngram.observe(draft, 0, verify_seconds)
+
+    def rollback(self, n_keep: int) -> None:
+        self.model.rollback(n_keep)
+
+    # -- inside -------------------------------------------------------------------------------
+
+    def _match_found(self, position: int) -> None:
+        if self._miss_start is not None:
+            stretch = position - self._miss_start
+            if stretch >= 0:    # (negative: a new, shorter conversation)
+                self.miss_tokens += 0.2 * (stretch - self.miss_tokens)
+            self._miss_start = None
+
+    def _catch_up_pays(self, context: Sequence[int]) -> bool:
+        seconds = self.model.catch_up_seconds(context)
+        if seconds is None:
+            return True
+        ahead = max(self.miss_tokens, len(context) - self._miss_start)
+        return self.model.policy.catch_up_pays(seconds, ahead)
+
+    def _extender(self, context: Sequence[int], k: int) -> Extender:
+        """While the model drafts: a long n-gram match of the context and the draft so far
+        (the answer has started to quote) continues the draft for free, up to the loop's
+        bound ``k`` rather than the model's plan, since those tokens cost no draft steps."""
+        ng = self.ngram
+        tail = list(context[-ng.window:])
+
+        def extend(x: list[int]) -> list[int]:
+            more, n = lookup(tail + x, k - len(x), ng.ngram_min, ng.ngram_max, ng.window)
+            return more if n >= self.extend_match else []
+        return extend

@@ -1,0 +1,75 @@
+"""Prompt lookup: drafts copied from the context itself, at no model cost."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..config import SamplingParams
+from ..sampling import Dist
+from .base import Draft
+from .policy import LengthPolicy
+
+
+def lookup(context: Sequence[int], k: int, ngram_min: int, ngram_max: int,
+           window: int) -> tuple[list[int], int]:
+    """The continuation (at most ``k`` tokens) after the longest, most recent earlier
+    occurrence of the context's last n tokens, n from ``ngram_max`` down to ``ngram_min``,
+    searched in the last ``window`` tokens; and n (0: no match)."""
+    if k <= 0:
+        return [], 0
+    hay = np.asarray(context[-window:], dtype=np.int64)
+    n_hay = hay.size
+    for n in range(min(ngram_max, n_hay - 1), ngram_min - 1, -1):
+        pattern = hay[n_hay - n:]
+        starts = np.flatnonzero(hay[: n_hay - n] == pattern[0])
+        for s in starts[::-1]:
+            if np.array_equal(hay[s:s + n], pattern):
+                cont = hay[s + n: s + n + k]
+                if cont.size:
+                    return [int(t) for t in cont], n
+    return [], 0
+
+
+class NgramDrafter:
+    """Propose the continuation of the latest earlier occurrence of the context's last n
+    tokens (n from ``ngram_max`` down to ``ngram_min``). Needs no model; q is one-hot, so under
+    sampling a proposal x is accepted with probability p(x).
+
+    Its confidence is the length of the match (``n / ngram_max``): a continuation of a long
+    match is accepted far more often than one of a two-token match, and the policy's gate
+    learns by how much.
+    """
+
+    def __init__(self, policy: LengthPolicy, ngram_min: int = 2, ngram_max: int = 8,
+                 window: int = 4096):
+        self.policy = policy
+        self.ngram_min, self.ngram_max, self.window = ngram_min, ngram_max, window
+
+    def plan(self) -> int:
+        return self.policy.plan()
+
+    def draft(self, context: Sequence[int], k_max: int, params: SamplingParams,
+              rng: np.random.Generator, should_stop: Callable[[], bool]) -> Draft:
+        t0 = time.perf_counter()
+        x, n = lookup(context, k_max, self.ngram_min, self.ngram_max, self.window)
+        confidence = n / self.ngram_max if self.policy.needs_confidence else None
+        for i in range(len(x)):
+            if should_stop() or not self.policy.keep_drafting(i, confidence):
+                del x[i:]
+                break
+        return Draft(x, [Dist.one_hot(t) for t in x], [confidence] * len(x), source="ngram",
+                     seconds=time.perf_counter() - t0)
+
+    def observe(self, draft: Draft, n_accepted: int, verify_seconds: float) -> None:
+        self.policy.observe(len(draft.x), n_accepted, draft.confidences, draft.step_seconds,
+                            verify_seconds)
+
+    def rollback(self, n_keep: int) -> None:
+        pass
+
+    def rest(self) -> None:
+        """Another source drafted this round."""
+        self.policy.rest()

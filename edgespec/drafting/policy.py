@@ -1,0 +1,308 @@
+"""How long each draft is: the length policies a drafter owns.
+
+A policy is asked before each round how many tokens to try (``plan``) and, before each draft
+token, whether to go on (``keep_drafting``); after the target's verify pass it learns what was
+accepted and what each part cost (``observe``). The stop decision may depend only on the
+draft's distribution at that position (its confidence), never on the token drawn from it:
+stopping on the drawn token's own probability would make the proposals a biased sample of q
+and break the losslessness of rejection sampling (tests/test_drafters.py shows both).
+
+* :class:`FixedLength` — K tokens per round, optionally cut when the draft's top probability
+  falls below ``p_min`` (llama.cpp's ``--draft-p-min``).
+* :class:`AdaptiveLength` — a cost model. It knows the target's time for a batch of n tokens
+  and the draft's time per token (:class:`~edgespec.drafting.costs.Costs`) and tracks
+  acceptance per draft position and per draft-confidence level (both decaying). Each round it
+  plans the K that maximises expected tokens per second — K = 0, plain decoding, when nothing
+  pays; old evidence fades even then, so it re-probes and notices when acceptance recovers —
+  and stops a draft early when no continuation is worth its time at the planned rate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Protocol, Sequence
+
+import numpy as np
+
+from .costs import Costs
+
+# No draft position is assumed accepted more often than this, however thin the evidence.
+MAX_ACCEPTANCE = 0.99
+
+
+
+class LengthPolicy(Protocol):
+    """Decides how many tokens to draft; learns from each verified round."""
+
+    @property
+    def needs_confidence(self) -> bool:
+        """Whether the drafter should measure its confidence this round (it costs a pass over
+        the draft's logits)."""
+
+    def plan(self) -> int:
+        """Most tokens to draft this round (0: decode this round with the target alone)."""
+
+    def keep_drafting(self, i: int, confidence: Optional[float]) -> bool:
+        """Before drawing draft token ``i`` (0-based) whose distribution has this confidence
+        (the draft's top probability; ``None`` when not measured)."""
+
+    def observe(self, k: int, n: int, confidences: Sequence[Optional[float]],
+                draft_step_seconds: Sequence[float], verify_seconds: float,
+                k_verified: Optional[int] = None) -> None:
+        """A round drafted ``k`` tokens and ``n`` were accepted; what each part cost.
+        ``k_verified``: how many drafts the verify pass checked, when it also checked tokens
+        this policy did not choose (an n-gram continuation of the draft)."""
+
+    def rest(self) -> None:
+        """A round this policy took no part in (another source drafted)."""
+
+    def catch_up_pays(self, seconds: float, tokens_ahead: float) -> bool:
+        """Whether spending ``seconds`` to bring the draft up to date is repaid by drafting
+        for the next ``tokens_ahead`` tokens instead of decoding plainly."""
+
+
+class FixedLength:
+    """K tokens per round, cut when the draft's top probability is below ``p_min``."""
+
+    def __init__(self, k: int, p_min: float = 0.0):
+        self.k, self.p_min = k, p_min
+        self.needs_confidence = p_min > 0
+
+    def plan(self) -> int:
+        return self.k
+
+    def keep_drafting(self, i: int, confidence: Optional[float]) -> bool:
+        return confidence is None or confidence >= self.p_min
+
+    def observe(self, k, n, confidences, draft_step_seconds, verify_seconds,
+                k_verified=None) -> None:
+        pass
+
+    def rest(self) -> None:
+        pass
+
+    def catch_up_pays(self, seconds: float, tokens_ahead: float) -> bool:
+        return True
+
+
+class _Decayed:
+    """Acceptance counts per bucket that fade with age, shrunk towards a prior.
+
+    ``rates(prior)`` returns (accepted + s·prior) / (tested + s) per bucket, so a bucket with
+    little recent evidence falls back to the prior (a scalar or one value per bucket).
+    ``rates(prior, z)`` adds z standard errors: an optimistic estimate while evidence is thin.
+    """
+
+    def __init__(self, n: int, strength: float):
+        self.tested = np.zeros(n)
+        self.accepted = np.zeros(n)
+        self.strength = strength
+
+    def rates(self, prior, z: float = 0.0) -> np.ndarray:
+        """Shrunk rates, raised by ``z`` standard errors (an upper confidence bound)."""
+        s = self.strength
+        n = self.tested + s
+        r = (self.accepted + s * np.asarray(prior)) / n
+        return np.minimum(1.0, r + z * np.sqrt(r * (1 - r) / n)) if z else r
+
+    def pooled(self, prior: float) -> float:
+        s = self.strength
+        return float((self.accepted.sum() + s * prior) / (self.tested.sum() + s))
+
+    def add(self, bucket: int, accepted: bool) -> None:
+        self.tested[bucket] += 1
+        self.accepted[bucket] += accepted
+
+    def age(self, decay: float) -> None:
+        self.tested *= decay
+        self.accepted *= decay
+
+
+@dataclass
+class AdaptiveLength:
+    """Cost-model draft length (see the module docstring).
+
+    Acceptance per position is shrunk towards the pooled acceptance of all positions, which
+    is shrunk towards ``prior`` (optimistic, so that a new pair gets tried). Evidence fades
+    with ``decay`` per drafting round and with the slower ``idle_decay`` per plain round: after
+    a long stretch of plain decoding the estimates drift back to the prior and the policy
+    re-probes by itself, rarely; a pair that could not pay even at the prior acceptance
+    (a draft as slow as the target) is not probed at all. K is chosen on the estimates
+    (raised by ``z`` standard errors, 0 by default); the choice of plain decoding is checked
+    against estimates ``z_probe``·√log(plain rounds) standard errors higher, so that thin
+    evidence (one unlucky first round) leads to a short probe rather than to giving up. The
+    confidence gate starts fully trusting and learns which confidence levels get rejected.
+    """
+
+    costs: Costs
+    k_max: int = 32
+    prior: float = 0.9
+    decay: float = 0.98
+    idle_decay: float = 0.998
+    z: float = 0.0
+    z_probe: float = 1.0
+    margin: float = 0.05
+    replan_every: int = 8
+    _n_bins: int = 10
+    _pos: _Decayed = field(init=False)
+    _conf: _Decayed = field(init=False)
+    _rate: float = field(init=False, default=0.0)
+    _reach: float = field(init=False, default=1.0)
+    _planned: int = field(init=False, default=0)
+    _rounds: int = field(init=False, default=0)
+    _streak: int = field(init=False, default=0)   # consecutive drafting rounds
+    _idle: int = field(init=False, default=0)     # consecutive plain rounds
+    _gate_active: bool = field(init=False, default=True)
+    _pos_rates: np.ndarray = field(init=False, default=None)
+    _probing: bool = field(init=False, default=False)
+    _probe_z: float = field(init=False, default=0.0)
+
+    def __post_init__(self) -> None:
+        self._pos = _Decayed(self.k_max, strength=8.0)
+        self._conf = _Decayed(self._n_bins, strength=2.0)
+
+    # -- the model ------------------------------------------------------------------------
+
+    def position_rates(self, z: Optional[float] = None) -> np.ndarray:
+        """Acceptance per position, shrunk towards the pooled rate of all positions and raised
+        by the pooled rate's standard error: while evidence is thin the policy gives drafting
+        the benefit of the doubt, so a few unlucky rejections cannot stop it for good."""
+        pooled = self._pos.pooled(self.prior)
+        n = self._pos.tested.sum() + self._pos.strength
+        bonus = (self.z if z is None else z) * np.sqrt(pooled * (1 - pooled) / n)
+        return np.minimum(MAX_ACCEPTANCE, self._pos.rates(pooled) + bonus)
+
+    def expected(self, k: int, rates: Optional[np.ndarray] = None) -> tuple[float, float]:
+        """(expected tokens, expected seconds) of a round that drafts k tokens, with these
+        acceptance rates per position (default: :meth:`position_rates`)."""
+        reach = np.cumprod((self.position_rates() if rates is None else rates)[:k])
+        return 1.0 + float(reach.sum()), k * self.costs.draft + self.costs.t(k + 1)
+
+    def best(self) -> tuple[int, float]:
+        """The K in [0, k_max] with the highest expected tokens per second, and that rate.
+
+        Drafting must beat plain decoding by ``margin`` (a break-even gamble on a draft as
+        slow as the target only adds variance)."""
+        ks = np.arange(0, self.k_max + 1)
+        seconds = ks * self.costs.draft + self.costs.t(ks + 1)
+
+        def rates(z):
+            reach = np.cumprod(self.position_rates(z))
+            return (1.0 + np.concatenate(([0.0], np.cumsum(reach)))) / seconds
+
+        rate = rates(None)
+        k = int(np.argmax(rate))
+        if rate[k] < rate[0] * (1 + self.margin):
+            k = 0
+            # Explore: a few unlucky rounds must not stop drafting for good. If drafting
+            # would pay at an acceptance z standard errors above the estimate, the evidence
+            # is too thin to give up: probe (slow start keeps the probe short). z grows with
+            # the log of the plain rounds since the last draft (as in UCB1), so probes of a
+            # pair that does not pay get rarer and rarer; one that cannot pay even at
+            # MAX_ACCEPTANCE is never probed.
+            z = self.z_probe * np.sqrt(max(1.0, np.log1p(self._idle)))
+            optimistic = rates(z)
+            k_opt = int(np.argmax(optimistic))
+            if optimistic[k_opt] >= rate[0] * (1 + self.margin):
+                self._probing, self._probe_z = True, z
+                return k_opt, float(optimistic[k_opt])
+        self._probing = False
+        return k, float(rate[k])
+
+    def _acceptance_at(self, confidence: float) -> float:
+        b = min(int(confidence * self._n_bins), self._n_bins - 1)
+        return float(self._conf.rates(1.0, z=self.z)[b])
+
+    # -- the policy -----------------------------------------------------------------------
+
+    @property
+    def needs_confidence(self) -> bool:
+        """Whether the drafter should compute the draft's confidence this round (it costs a
+        pass over the logits): always while the gate is cutting, otherwise one round in four
+        so that the gate keeps learning."""
+        return self._gate_active or self._rounds % 4 == 0
+
+    def plan(self) -> int:
+        if self._idle % self.replan_every:
+            # Plain decoding was the best choice a moment ago: keep it without re-planning
+            # every token (a re-plan costs ~40 µs, 0.5% of a fast model's token).
+            self._idle += 1
+            self._planned = 0
+            return 0
+        k, self._rate = self.best()
+        self._idle = self._idle + 1 if k == 0 else 0
+        # Slow start: after plain decoding (and at first) drafts grow 4, 8, 16… tokens per
+        # round while evidence comes in, instead of gambling 32 draft steps on estimates.
+        k = min(k, 4 << min(self._streak, 8))
+        self._planned = k
+        self._reach = 1.0
+        self._pos_rates = self.position_rates(self._probe_z if self._probing else None)
+        if k:
+            # The value of time while drafting is the rate of the round actually planned: the
+            # rate of the uncapped best K would make every continuation of a capped draft
+            # look too dear, and the draft would stop at once, round after round.
+            tokens, seconds = self.expected(k, self._pos_rates)
+            self._rate = tokens / seconds
+        pooled = self._pos.pooled(self.prior)
+        self._gate_active = bool(self._conf.rates(1.0, z=self.z).min() < 0.9 * pooled)
+        return k
+
+    def keep_drafting(self, i: int, confidence: float) -> bool:
+        """Draw token i only if some continuation of the draft is worth its time.
+
+        A continuation to k drafts in total gains the expected extra accepted tokens and
+        costs the extra draft steps (the one that produced this position is already spent)
+        plus the larger verify pass; it is worth it when gain > rate × cost, with the planned
+        rate as the value of time. Draft costs are not convex (the first extra verify row
+        costs more than later ones), so every continuation up to the plan is considered,
+        not just the next token.
+        """
+        rates = self._pos_rates
+        reach = self._reach * (self._acceptance_at(confidence) if confidence is not None
+                               else rates[min(i, self.k_max - 1)])
+        ks = np.arange(i + 1, self._planned + 1)
+        if ks.size == 0:
+            return False
+        later = rates[i + 1:self._planned]
+        reach_each = reach * np.concatenate(([1.0], np.cumprod(later)))[:ks.size]
+        gain = np.cumsum(reach_each)
+        cost = (ks - i - 1) * self.costs.draft + self.costs.t(ks + 1) - self.costs.t(i + 1)
+        if float(np.max(gain - self._rate * cost)) <= 0.0:
+            return False
+        self._reach = reach
+        return True
+
+    def rest(self) -> None:
+        """A round this policy took no part in (another source drafted): its evidence fades
+        as in a plain round, so that it re-probes some time later."""
+        self._pos.age(self.idle_decay)
+        self._conf.age(self.idle_decay)
+
+    def catch_up_pays(self, seconds: float, tokens_ahead: float) -> bool:
+        k, rate = self.best()
+        if k == 0:
+            return False
+        return tokens_ahead * (self.costs.t(1) - 1.0 / rate) > seconds
+
+    def observe(self, k, n, confidences, draft_step_seconds, verify_seconds,
+                k_verified=None) -> None:
+        if k_verified is not None and k_verified > k:
+            # The pass also checked tokens this policy did not choose: charge it only for
+            # the share its own drafts would have cost.
+            verify_seconds *= self.costs.t(k + 1) / self.costs.t(k_verified + 1)
+        self.costs.observe_target(k + 1, verify_seconds)
+        decay = self.decay if k else self.idle_decay
+        self._pos.age(decay)
+        self._conf.age(decay)
+        for i in range(min(k, n + 1)):
+            self._pos.add(min(i, self.k_max - 1), i < n)
+        for i, c in enumerate(confidences[:min(k, n + 1)]):
+            if c is not None:
+                self._conf.add(min(int(c * self._n_bins), self._n_bins - 1), i < n)
+        self._rounds += 1
+        # A round planned to draft counts towards the slow start even when the confidence
+        # gate cut it to nothing: that is evidence about the gate, not a plain-decoding
+        # decision (docs/decisions.md).
+        self._streak = self._streak + 1 if k or self._planned else 0
+        for s in draft_step_seconds:
+            self.costs.observe_draft(s)

@@ -1,0 +1,78 @@
+"""The small language-model protocol that the decoding loop and the drafters are written
+against.
+
+:class:`edgespec.backend.LlamaModel` implements it over llama.cpp; the tests' pure-numpy
+Markov model implements it too, so the loop, the verifier and the drafters can be exercised
+(and imported) without llama.cpp.
+
+A model owns one KV cache and keeps ``tokens``, the exact token sequence it holds (position
+``i`` holds ``tokens[i]``): :meth:`LanguageModel.eval` appends, :meth:`LanguageModel.truncate`
+removes a suffix. Logits rows are float32 arrays of ``n_vocab`` entries, valid until the next
+``eval`` on the same model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Protocol, Sequence
+
+import numpy as np
+
+_VOCAB_TYPES = {0: "none", 1: "SPM", 2: "BPE", 3: "WPM", 4: "UGM", 5: "RWKV", 6: "PLaMo-2"}
+
+
+@dataclass(frozen=True)
+class VocabInfo:
+    """Tokenizer facts the pair check and the decoding loop need."""
+
+    n_vocab: int
+    vocab_type: int
+    bos: int
+    eos: int
+    add_bos: bool
+    add_eos: bool
+    eog: frozenset[int]       # every end-of-generation token
+
+    @property
+    def type_name(self) -> str:
+        return _VOCAB_TYPES.get(self.vocab_type, str(self.vocab_type))
+
+
+class LanguageModel(Protocol):
+    """What the loop and the drafters need of a model."""
+
+    tokens: list[int]         # what the KV cache holds
+    vocab: VocabInfo
+    n_vocab: int
+    n_ctx: int                # most positions the cache holds
+    n_batch: int              # most tokens one eval() call sends at once
+    n_outputs_max: int        # most logits rows one eval() call returns
+
+    def eval(self, tokens: Sequence[int], n_logits: int = 1) -> np.ndarray:
+        """Append ``tokens`` to the cache; logits of the last ``n_logits`` of them,
+        shape ``(n_logits, n_vocab)``."""
+
+    def truncate(self, n: int) -> None:
+        """Keep only the first ``n`` cache positions."""
+
+
+class HiddenStateModel(LanguageModel, Protocol):
+    """A model whose last hidden state can be read instead of its logits (for a draft's
+    reduced output layer, :mod:`edgespec.drafting.reduced_head`)."""
+
+    path: Path
+
+    def eval_hidden(self, tokens: Sequence[int]) -> Optional[np.ndarray]:
+        """Like ``eval(tokens, 1)`` but return the last token's final hidden state, skipping
+        the output layer; None when it could not be read (:meth:`last_logits` then holds
+        the row)."""
+
+    def last_logits(self) -> np.ndarray:
+        """The logits row of the last evaluated token."""
+
+    def output_rows(self, ids: Sequence[int]) -> np.ndarray:
+        """Rows ``ids`` of the output layer's weights, float32, ``(len(ids), n_embd)``."""
+
+    def token_text(self, token: int) -> bytes:
+        """The raw vocabulary entry of ``token``."""

@@ -1,0 +1,150 @@
+"""What a generation gives back: :class:`Generation` (text, tokens, why it ended, stats),
+:class:`GenerationStats`, and the :class:`StreamEvent` pieces of a stream."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .speculative import LoopStats
+
+FINISH_REASONS = ("stop", "length", "cancelled")
+
+
+@dataclass
+class GenerationStats:
+    """What one generation cost and how speculation did (times in seconds).
+
+    The decoding loop's own counters are in ``loop`` (:class:`~edgespec.speculative.
+    LoopStats`) and read through the properties ``drafted``, ``accepted``, ``target_passes``
+    and the rest.
+    """
+
+    prompt_tokens: int = 0
+    prompt_tokens_evaluated: int = 0   # not found in the KV cache, so evaluated (target)
+    completion_tokens: int = 0
+    prompt_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    llama_seconds: float = 0.0         # inside llama_decode, both models, decoding phase
+    head_seconds: float = 0.0          # the draft's reduced output layer (numpy), decoding
+    speculative: bool = False
+    loop: LoopStats = field(default_factory=LoopStats)
+
+    # -- the loop's counters ----------------------------------------------------------------
+
+    @property
+    def drafted(self) -> int:
+        return self.loop.drafted
+
+    @property
+    def accepted(self) -> int:
+        return self.loop.accepted
+
+    @property
+    def target_passes(self) -> int:
+        return self.loop.target_passes
+
+    @property
+    def draft_seconds(self) -> float:
+        return self.loop.draft_seconds
+
+    @property
+    def verify_seconds(self) -> float:
+        return self.loop.verify_seconds
+
+    @property
+    def tested_at(self) -> list[int]:
+        """Per draft position: rounds in which it was checked (see LoopStats)."""
+        return self.loop.tested_at
+
+    @property
+    def accepted_at(self) -> list[int]:
+        return self.loop.accepted_at
+
+    # -- derived figures ----------------------------------------------------------------------
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return self.completion_tokens / self.target_passes if self.target_passes else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Decoding speed: completion tokens over decoding time (prompt processing excluded)."""
+        return self.completion_tokens / self.decode_seconds if self.decode_seconds else 0.0
+
+    @property
+    def prompt_tokens_per_second(self) -> float:
+        return (self.prompt_tokens_evaluated / self.prompt_seconds
+                if self.prompt_seconds else 0.0)
+
+    @property
+    def python_seconds(self) -> float:
+        """Decoding wall time spent outside the models' compute (drafting logic,
+        verification, text): outside llama.cpp and the draft's reduced output layer."""
+        return max(0.0, self.decode_seconds - self.llama_seconds - self.head_seconds)
+
+    @property
+    def python_share(self) -> float:
+        return self.python_seconds / self.decode_seconds if self.decode_seconds else 0.0
+
+    def summary(self, detail: bool = False) -> str:
+        """One line for people: speed, acceptance, tokens per target pass; with ``detail``
+        also the time, the prompt and the share of time outside llama.cpp."""
+        parts = [f"{self.tokens_per_second:.1f} tok/s"]
+        if self.speculative:
+            parts.append(f"acceptance {self.acceptance_rate:.0%} ({self.accepted}/"
+                         f"{self.drafted})" if self.drafted else "nothing drafted")
+            parts.append(f"{self.tokens_per_pass:.2f} tokens/pass")
+        else:
+            parts.append("speculation off")
+        if not detail:
+            return " · ".join(parts)
+        d = self.decode_seconds
+        outside = 1 - self.llama_seconds / d if d else 0.0
+        head = self.head_seconds / d if d else 0.0
+        return " · ".join(
+            [f"{self.completion_tokens} tokens in {d:.2f} s", *parts,
+             f"prompt {self.prompt_tokens} tokens ({self.prompt_tokens_evaluated} evaluated, "
+             f"{self.prompt_tokens_per_second:.0f} tok/s)",
+             f"outside llama.cpp {outside:.1%}" +
+             (f" (draft head {head:.1%}, the rest {self.python_share:.1%})" if head else "")])
+
+    def to_dict(self) -> dict:
+        d = {name: getattr(self, name) for name in (
+            "prompt_tokens", "prompt_tokens_evaluated", "completion_tokens", "drafted",
+            "accepted", "target_passes", "prompt_seconds", "decode_seconds", "llama_seconds",
+            "head_seconds", "draft_seconds", "verify_seconds", "speculative",
+            "acceptance_rate", "tokens_per_pass", "tokens_per_second",
+            "prompt_tokens_per_second", "python_seconds", "python_share")}
+        d["tested_at"], d["accepted_at"] = list(self.tested_at), list(self.accepted_at)
+        return d
+
+
+@dataclass
+class Generation:
+    """The result of a generation. ``finish_reason``: ``"stop"`` (an end-of-generation token
+    or a stop string), ``"length"`` (``max_tokens`` or the context window) or
+    ``"cancelled"``."""
+
+    text: str
+    tokens: list[int]
+    finish_reason: str
+    stats: GenerationStats = field(default_factory=GenerationStats)
+
+    def to_dict(self) -> dict:
+        return {"text": self.text, "tokens": self.tokens, "finish_reason": self.finish_reason,
+                "stats": self.stats.to_dict()}
+
+
+@dataclass
+class StreamEvent:
+    """A piece of streamed output: the text released with ``token`` (may be '' while a
+    character or a possible stop string is incomplete); ``from_draft``: the token was proposed
+    by the drafter and accepted by the target."""
+
+    text: str
+    token: int
+    from_draft: bool

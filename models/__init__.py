@@ -1,1 +1,0 @@
-"""The pair registry as package data (``edgespec.registry``); see pairs.toml."""

