@@ -15,22 +15,26 @@ import importlib
 from typing import TYPE_CHECKING
 
 from .config import SamplingParams, SpecConfig
-from .errors import (BackendError, ContextOverflowError, EdgespecError, EngineBusyError,
-                     EngineClosedError, IncompatiblePairError, InvalidModelError,
-                     InvalidParameterError, ModelLoadError, ModelNotFoundError,
-                     PromptTooLargeError, TemplateError, TemplateRefused)
-from .results import Generation, GenerationStats, StreamEvent
+from .errors import (BackendError, ConstraintError, ContextOverflowError, EdgespecError,
+                     EngineBusyError, EngineClosedError, IncompatiblePairError,
+                     InvalidModelError, InvalidParameterError, ModelLoadError,
+                     ModelNotFoundError, PromptTooLargeError, TemplateError, TemplateRefused)
+from .results import Generation, GenerationStats, StreamEvent, TokenLogprob
 
 if TYPE_CHECKING:
+    from .constraints import Constraint
     from .engine import Engine
     from .streams import AsyncStream, Stream
+    from .tools import Tool, ToolCall
 
 __version__ = "0.1.0"
 
-_LAZY = {"Engine": "engine", "Stream": "streams", "AsyncStream": "streams"}
+_LAZY = {"Engine": "engine", "Stream": "streams", "AsyncStream": "streams",
+         "Constraint": "constraints", "Tool": "tools", "ToolCall": "tools"}
 
 __all__ = ["Engine", "SamplingParams", "SpecConfig", "Generation", "GenerationStats", "Stream",
-           "AsyncStream", "StreamEvent", "EdgespecError", "InvalidParameterError",
+           "AsyncStream", "StreamEvent", "TokenLogprob", "Constraint", "Tool", "ToolCall",
+           "EdgespecError", "InvalidParameterError", "ConstraintError",
            "ModelLoadError", "InvalidModelError", "IncompatiblePairError", "ContextOverflowError",
            "BackendError", "ModelNotFoundError", "EngineClosedError", "EngineBusyError",
            "TemplateError", "TemplateRefused", "PromptTooLargeError", "__version__"]

@@ -10,10 +10,12 @@ can neither run code nor hang the program.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+import uuid
 from datetime import datetime
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
@@ -36,8 +38,12 @@ CHATML = ("{% for message in messages %}"
           "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 
 
-def validate_messages(messages: Any) -> list[dict[str, str]]:
-    """Check a list of ``{"role", "content"}`` dicts; return plain copies."""
+def validate_messages(messages: Any) -> list[dict]:
+    """Check a list of ``{"role", "content"}`` dicts; return plain copies.
+
+    An assistant message may carry ``tool_calls`` (OpenAI's shape; its content may then be
+    absent), and a ``tool`` message a ``tool_call_id`` (and ``name``): they are kept, the calls
+    normalized (:func:`normalize_calls`)."""
     if not isinstance(messages, (list, tuple)) or not messages:
         raise InvalidParameterError("messages", type(messages).__name__,
                                     "a non-empty list of {role, content} objects")
@@ -48,9 +54,63 @@ def validate_messages(messages: Any) -> list[dict[str, str]]:
         role, content = m.get("role"), m.get("content")
         if role not in ROLES:
             raise InvalidParameterError(f"messages[{i}].role", role, "one of " + ", ".join(ROLES))
+        calls = m.get("tool_calls") if role == "assistant" else None
+        if content is None and calls:
+            content = ""
         if not isinstance(content, str):
             raise InvalidParameterError(f"messages[{i}].content", content, "a string")
-        out.append({"role": role, "content": content})
+        msg = {"role": role, "content": content}
+        if calls:
+            msg["tool_calls"] = normalize_calls(calls, f"messages[{i}].tool_calls")
+        if role == "tool":
+            for key in ("tool_call_id", "name"):
+                if isinstance(m.get(key), str):
+                    msg[key] = m[key]
+        out.append(msg)
+    return out
+
+
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def normalize_calls(calls: Any, where: str) -> list[dict]:
+    """A message's ``tool_calls`` in OpenAI's shape, arguments as JSON text."""
+    if not isinstance(calls, list):
+        raise InvalidParameterError(where, type(calls).__name__, "a list of tool calls")
+    out = []
+    for i, c in enumerate(calls):
+        f = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str):
+            raise InvalidParameterError(f"{where}[{i}]", c, "{'id', 'type': 'function', "
+                                        "'function': {'name', 'arguments'}}")
+        args = f.get("arguments", "{}")
+        if not isinstance(args, str):
+            args = json.dumps(args, ensure_ascii=False)
+        out.append({"id": str(c.get("id") or new_call_id()), "type": "function",
+                    "function": {"name": f["name"], "arguments": args}})
+    return out
+
+
+
+def arguments_value(text: str) -> Any:
+    """JSON text as its value (a string that is not JSON stays a string)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _as_templates_read_them(messages: Sequence[dict]) -> list[dict]:
+    """A call's arguments as an object: templates that know tools write them with
+    ``tool_call.function.arguments | tojson``."""
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            m = {**m, "tool_calls": [{**c, "function": {**c["function"], "arguments":
+                                                        arguments_value(c["function"]["arguments"])}}
+                                     for c in m["tool_calls"]]}
+        out.append(m)
     return out
 
 
@@ -131,10 +191,23 @@ class ChatTemplate:
     def is_fallback(self) -> bool:
         return self.fallback_reason is not None
 
-    def render(self, messages: Sequence[Mapping[str, str]],
-               add_generation_prompt: bool = True) -> str:
-        """The prompt text for ``messages`` (validated) ending with the assistant's cue."""
-        msgs = validate_messages(messages)
+    @property
+    def supports_tools(self) -> bool:
+        """Whether the model's own template declares tools (it reads ``tools``)."""
+        return not self.is_fallback and "tools" in (self.source or "")
+
+    @property
+    def writes_tool_call_tags(self) -> bool:
+        """Whether its tool calls are ``<tool_call>…</tool_call>`` blocks (Hermes, Qwen)."""
+        return self.supports_tools and "<tool_call>" in (self.source or "")
+
+    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
+               tools: Optional[list[dict]] = None, validate: bool = True) -> str:
+        """The prompt text for ``messages`` ending with the assistant's cue; ``tools``
+        (OpenAI's shape) go to templates that declare them. ``validate=False``: the messages
+        were checked with :func:`validate_messages` already (and may have been prepared for
+        the template since)."""
+        msgs = _as_templates_read_them(validate_messages(messages) if validate else messages)
         size = sum(len(m["content"]) for m in msgs)
         if size > MAX_INPUT_CHARS:
             # Too big for any template's limits (and far beyond any context window): the
@@ -142,7 +215,7 @@ class ChatTemplate:
             raise PromptTooLargeError(f"the conversation is {size} characters; the most one "
                                       f"prompt may hold is {MAX_INPUT_CHARS}")
         try:
-            return self._render(self._template, msgs, add_generation_prompt)
+            return self._render(self._template, msgs, add_generation_prompt, tools)
         except (TemplateError, SecurityError, jinja2.TemplateError, TypeError, ValueError,
                 AttributeError, KeyError, IndexError, RecursionError, OverflowError) as e:
             if self.is_fallback:
@@ -153,15 +226,17 @@ class ChatTemplate:
             self._template = self.env.from_string(CHATML)
             return self._render(self._template, msgs, add_generation_prompt)
 
-    def _render(self, template: jinja2.Template, msgs: list[dict[str, str]],
-                add_generation_prompt: bool) -> str:
+    def _render(self, template: jinja2.Template, msgs: list[dict],
+                add_generation_prompt: bool, tools: Optional[list[dict]] = None) -> str:
         self.env.deadline = time.monotonic() + MAX_RENDER_SECONDS
         parts: list[str] = []
         size = 0
+        extra = {"tools": tools} if tools else {}
         try:
             for chunk in template.generate(messages=msgs,
                                            add_generation_prompt=add_generation_prompt,
-                                           bos_token=self.bos_token, eos_token=self.eos_token):
+                                           bos_token=self.bos_token, eos_token=self.eos_token,
+                                           **extra):
                 size += len(chunk)
                 if size > MAX_OUTPUT_CHARS:
                     raise TemplateError("template output is larger than "

@@ -14,11 +14,12 @@ import sys
 from typing import Optional
 
 from . import config
-from .bench.command import build_bench_parser
+from .bench.command import build_bench_parser, build_calibrate_parser
 from .registry.command import build_models_parsers
 from .server.command import build_serve_parser
-from .shell import (DRAFT_COLOR, EXIT_USER_ERROR, RESET, Parser, add_model_args,
-                    add_sampling_args, error_boundary, load_engine, sampling_from_args, status)
+from .shell import (DRAFT_COLOR, EXIT_USER_ERROR, RESET, Parser, add_constraint_args,
+                    add_model_args, add_sampling_args, constraint_from_args, error_boundary,
+                    load_engine, sampling_from_args, status)
 from .tui.command import build_chat_parser
 
 # ---------------------------------------------------------------------------------------------
@@ -26,7 +27,8 @@ from .tui.command import build_chat_parser
 
 
 def cmd_run(args) -> int:
-    sampling = sampling_from_args(args)
+    sampling = sampling_from_args(args)         # bad values fail before the models load
+    constraint = constraint_from_args(args)
     with load_engine(args) as eng:
         prompt = args.prompt
         raw = args.raw
@@ -42,7 +44,7 @@ def cmd_run(args) -> int:
             prompt = [{"role": "system", "content": args.system},
                       {"role": "user", "content": args.prompt}]
         kw = dict(max_tokens=args.max_tokens, sampling=sampling, raw=raw,
-                  stop=args.stop or ())
+                  stop=args.stop or (), constraint=constraint)
         if args.json:
             out = eng.generate(prompt, **kw)
             print(json.dumps(out.to_dict(), ensure_ascii=False))
@@ -75,6 +77,7 @@ def build_run_parser(sub) -> None:
     p.add_argument("--color", action="store_true",
                    help="show accepted draft tokens in green (terminal only)")
     p.add_argument("--quiet", "-q", action="store_true", help="do not print the stats line")
+    add_constraint_args(p)
     add_model_args(p)
     add_sampling_args(p)
     p.set_defaults(func=cmd_run)
@@ -108,7 +111,7 @@ def build_info_parser(sub) -> None:
 # entry point
 
 COMMANDS = [build_run_parser, build_chat_parser, build_serve_parser, build_bench_parser,
-            build_models_parsers, build_info_parser]
+            build_calibrate_parser, build_models_parsers, build_info_parser]
 
 
 def build_parser() -> Parser:

@@ -22,19 +22,22 @@ import atexit
 import logging
 import threading
 import weakref
-from dataclasses import replace
 from pathlib import Path
-from typing import Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from . import config
-from .backend import LlamaModel, backend_info, check_compatible, release_free_heap
+from .backend import (GrammarVocab, LlamaModel, backend_info, check_compatible,
+                      release_free_heap)
 from .chat_template import ChatTemplate, validate_messages
 from .config import ModelConfig, SamplingParams, SpecConfig, default_threads
-from .drafting import HEAD_MIN_VOCAB, Drafter, ReducedHead, calibrate_cached, make_drafter
+from .constraints import Constraint, GrammarState, tokenizer_for
+from .drafting import HEAD_MIN_VOCAB, Drafter, Drafters, ReducedHead
 from .errors import ContextOverflowError, EngineClosedError, InvalidParameterError
 from .generation import run_generation
 from .results import Generation, GenerationStats
 from .streams import AsyncStream, Job, Stream, Turnstile
+from .threads import govern
+from .tools import plan_request
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +52,10 @@ class Engine:
     """
 
     def __init__(self, target: LlamaModel, draft: Optional[LlamaModel], spec: SpecConfig, *,
-                 draft_head: Optional[ReducedHead] = None):
+                 draft_head: Optional[ReducedHead] = None, adaptive_threads: bool = False,
+                 recalibrate: bool = False, progress: Callable[[str], None] = lambda s: None):
         self.target = target
         self.draft = draft
-        self.spec = spec
         special = lambda t: target.token_text(t).decode("utf-8", "replace") if t >= 0 else ""
         self.template = ChatTemplate(target.info.chat_template,
                                      bos_token=special(target.vocab.bos),
@@ -63,10 +66,13 @@ class Engine:
                 and draft.n_vocab >= HEAD_MIN_VOCAB and spec.drafter in ("model", "hybrid"):
             draft_head = ReducedHead(draft)
         self.draft_head = draft_head
-        self._costs = None
-        if spec.is_adaptive and spec.drafter != "none":
-            self._calibrate()
-        self._drafters: dict[str, Drafter] = {}
+        self._drafting = Drafters(spec, target, draft, draft_head, recalibrate=recalibrate,
+                                  progress=progress)
+        # Threads that follow the machine's load (edgespec/threads.py), one governor a model;
+        # none when the caller pinned a count.
+        self._governors = (govern(target, draft, self._drafting.costs) if adaptive_threads
+                           else {})
+        self._parked = self._governors      # kept while pinned: they resume what they knew
         self._turnstile = Turnstile()
         # Held while the models are used outside a turn (tokenizing, info) and by close()
         # while it frees them.
@@ -82,7 +88,9 @@ class Engine:
              n_batch: int = config.N_BATCH, n_threads: Optional[int] = None,
              n_gpu_layers: int = -1, draft_n_gpu_layers: int = -1,
              drafter: Optional[str] = None, draft_max: Optional[int] = None,
-             adaptive: bool = True, p_min: float = 0.0, verbose: bool = False) -> "Engine":
+             adaptive: bool = True, p_min: float = 0.0, verbose: bool = False,
+             recalibrate: bool = False,
+             progress: Callable[[str], None] = lambda s: None) -> "Engine":
         """Load a target GGUF and optionally a draft GGUF (or a registry ``pair`` name).
 
         ``drafter`` is ``"hybrid"`` (the default when a draft is given: n-gram matches from
@@ -90,7 +98,9 @@ class Engine:
         (prompt lookup, no draft model needed) or ``"none"`` (plain decoding).
         ``draft_max=None`` lets a cost model choose each round's draft length
         (``adaptive=False`` pins it to 16; ``draft_max=K`` pins it to K; ``p_min`` then cuts
-        drafts whose top probability is below it). Raises
+        drafts whose top probability is below it). The cost model's calibration is measured
+        once per model file and setting and kept; ``recalibrate=True`` measures it again;
+        ``progress`` is told what loading is doing (a line at a time). Raises
         :class:`~edgespec.errors.ModelLoadError` for files that cannot be loaded and
         :class:`~edgespec.errors.IncompatiblePairError` when the draft's tokenizer differs.
         """
@@ -121,37 +131,21 @@ class Engine:
                                                  n_outputs_max=1, verbose=verbose),
                                      tap_min_vocab=HEAD_MIN_VOCAB)
                 check_compatible(t_model, d_model)
-            return cls(t_model, d_model, spec)
+            return cls(t_model, d_model, spec, adaptive_threads=n_threads is None,
+                       recalibrate=recalibrate, progress=progress)
         except BaseException:
             if d_model is not None:
                 d_model.close()
             t_model.close()
             raise
 
-    def _calibrate(self) -> None:
-        # An n-gram drafter costs microseconds, whatever the draft model would cost.
-        draft = self.draft if self.spec.drafter != "ngram" else None
-        self._costs = calibrate_cached(self.target, draft, head=self.draft_head)
+    @property
+    def spec(self) -> SpecConfig:
+        """The drafting settings in force."""
+        return self._drafting.spec
 
     def _drafter(self, sampling: SamplingParams) -> Optional[Drafter]:
-        """The drafter for this kind of sampling. Acceptance differs between greedy and
-        sampled decoding, so each learns its own draft lengths (the measured costs are
-        shared); a seeded sample must be reproducible, and the adaptive length follows
-        measured speed, so it drafts a fixed length."""
-        spec = self.spec
-        if spec.drafter == "none":
-            return None
-        pinned = sampling.seed is not None and not sampling.greedy
-        key = ("fixed" if pinned or not spec.is_adaptive else
-               "greedy" if sampling.greedy else "sampled")
-        if key not in self._drafters:
-            if key != "fixed" and self._costs is None:
-                self._calibrate()
-            self._drafters[key] = make_drafter(
-                spec, costs=self._costs, k_max=min(spec.k_max, self.target.n_outputs_max - 1),
-                pinned=pinned, draft_model=self.draft, eog=self.target.vocab.eog,
-                head=self.draft_head)
-        return self._drafters[key]
+        return self._drafting.for_sampling(sampling)
 
     def set_draft_max(self, draft_max: Optional[int]) -> None:
         """Pin the draft length to ``draft_max`` tokens per round, or let the cost model choose
@@ -162,20 +156,8 @@ class Engine:
         logits it returns per pass are fixed when it is loaded; load it with
         ``draft_max=K`` for longer drafts).
         """
-        if self.spec.drafter == "none":
-            raise InvalidParameterError("draft_max", draft_max,
-                                        "unused: this Engine has no drafter (load it with a "
-                                        "draft model or drafter='ngram')")
-        spec = replace(self.spec, draft_max=draft_max)
-        limit = self.target.n_outputs_max - 1
-        if spec.most_drafts > limit:
-            raise InvalidParameterError(
-                "draft_max", draft_max, f"at most {limit} for this Engine (its target was "
-                f"loaded to verify {limit} drafts per pass; load it with draft_max="
-                f"{draft_max}, --draft-max {draft_max} on the command line, for longer drafts)")
         with self._life:
-            self.spec = spec
-            self._drafters.clear()
+            self._drafting.set_draft_max(draft_max)
 
     # -- information ----------------------------------------------------------------------
 
@@ -189,6 +171,28 @@ class Engine:
                     "adaptive": self.spec.is_adaptive, "p_min": self.spec.p_min,
                     "backend": backend_info()["backend"],
                     "chat_template": "fallback (ChatML)" if self.template.is_fallback else "model"}
+
+    def set_threads(self, n_threads: Optional[int]) -> None:
+        """Pin both models to ``n_threads`` CPU threads, or (``None``) let each follow the
+        machine's load again, up to the count it was loaded with. From the next step on."""
+        limit = self.target.config.n_threads
+        if n_threads is not None and (not isinstance(n_threads, int) or isinstance(
+                n_threads, bool) or not 1 <= n_threads <= limit):
+            raise InvalidParameterError("n_threads", n_threads,
+                                        f"None or an integer in [1, {limit}] for this Engine")
+        with self._life:
+            self._governors = govern(self.target, self.draft, self._drafting.costs,
+                                     pin=n_threads, governors=self._parked)
+            self._parked = self._governors or self._parked
+
+    @property
+    def threads(self) -> dict:
+        """CPU threads each model runs with now, the most it may use, whether they follow the
+        machine's load, and whether they backed off because the machine was busy."""
+        return {"target": self.target.n_threads,
+                "draft": self.draft.n_threads if self.draft is not None else None,
+                "max": self.target.config.n_threads, "adaptive": bool(self._governors),
+                "backed_off": any(g.backed_off for g in self._governors.values())}
 
     @property
     def can_speculate(self) -> bool:
@@ -218,15 +222,18 @@ class Engine:
             self._check_open()
             return self.target.tokenize(text, add_special=add_special, parse_special=True)
 
-    def prompt_tokens(self, prompt: Prompt, raw: bool = False) -> list[int]:
-        """The exact tokens both models will see for ``prompt``."""
+    def prompt_tokens(self, prompt: Prompt, raw: bool = False,
+                      tools: Optional[list[dict]] = None, _validated: bool = False) -> list[int]:
+        """The exact tokens both models will see for ``prompt`` (``tools``: declared to a
+        template that reads them)."""
         if isinstance(prompt, str) and raw:
             text = prompt
         else:
             messages = ([{"role": "user", "content": prompt}] if isinstance(prompt, str)
-                        else validate_messages(prompt))
+                        else prompt if _validated else validate_messages(prompt))
             with self._life:   # one render at a time: the sandbox's deadline is shared state
-                text = self.template.render(messages, add_generation_prompt=True)
+                text = self.template.render(messages, add_generation_prompt=True, tools=tools,
+                                            validate=False)
         tokens = self.tokenize(text)
         bos = self.target.vocab.bos
         if len(tokens) >= 2 and tokens[0] == tokens[1] == bos:
@@ -237,18 +244,19 @@ class Engine:
 
     # -- generation -----------------------------------------------------------------------
 
-    def generate(self, prompt: Prompt, *, max_tokens: int = config.MAX_TOKENS,
-                 sampling: Optional[SamplingParams] = None, speculative: bool = True,
-                 raw: bool = False, stop: Sequence[str] = ()) -> Generation:
-        """Generate a completion of ``prompt`` (text, or a list of chat messages).
+    def generate(self, prompt: Prompt, **kwargs) -> Generation:
+        """Generate a completion of ``prompt`` (text, or a list of chat messages); the
+        arguments are :meth:`stream`'s.
 
         ``raw=True`` sends text as-is; otherwise it is wrapped as a user message in the
-        model's chat template. ``speculative=False`` decodes with the target alone. Any
-        thread may call it (generations take turns); a generation stopped by :meth:`cancel`
-        or :meth:`close` returns with ``finish_reason "cancelled"``.
+        model's chat template. ``speculative=False`` decodes with the target alone.
+        ``constraint`` (a :class:`~edgespec.constraints.Constraint`) makes the output match a
+        JSON schema, a regex or a grammar; ``tools`` lets the model call functions
+        (``Generation.tool_calls``). Any thread may call it (generations take turns); a
+        generation stopped by :meth:`cancel` or :meth:`close` returns with ``finish_reason
+        "cancelled"``.
         """
-        s = self.stream(prompt, max_tokens=max_tokens, sampling=sampling,
-                        speculative=speculative, raw=raw, stop=stop)
+        s = self.stream(prompt, **kwargs)
         for _ in s:
             pass
         assert s.result is not None
@@ -259,8 +267,17 @@ class Engine:
 
     def stream(self, prompt: Prompt, *, max_tokens: int = config.MAX_TOKENS,
                sampling: Optional[SamplingParams] = None, speculative: bool = True,
-               raw: bool = False, stop: Sequence[str] = ()) -> Stream:
+               raw: bool = False, stop: Sequence[str] = (),
+               constraint: Optional[Constraint] = None, tools: Optional[Sequence] = None,
+               tool_choice: Any = None, parallel_tool_calls: bool = False,
+               logprobs: Optional[int] = None) -> Stream:
         """Like :meth:`generate`, streaming :class:`StreamEvent` objects as tokens commit.
+
+        ``tools``: functions the model may call (OpenAI's shape, or :class:`~edgespec.tools.
+        Tool`); ``tool_choice``: ``"auto"`` (default), ``"none"``, ``"required"`` or a tool's
+        name; ``parallel_tool_calls=True``: several calls in one answer (off by default). With tools the events carry the raw output; the result's ``text`` and
+        ``tool_calls`` are what it means. ``logprobs``: give ``Generation.logprobs``, with
+        this many alternatives per token (0: the chosen token's only).
 
         Arguments are checked and the prompt tokenized here (errors are raised by this call);
         the generation waits for its turn when the stream is first advanced. See
@@ -272,11 +289,25 @@ class Engine:
             stop = [stop]
         if any(not isinstance(s, str) or not s for s in stop):
             raise InvalidParameterError("stop", list(stop), "a list of non-empty strings")
+        if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool)
+                                     or not 0 <= logprobs <= 20):
+            raise InvalidParameterError("logprobs", logprobs, "None or an integer in [0, 20]")
         sampling = sampling if sampling is not None else SamplingParams()
         self._check_open()
-        tokens = self.prompt_tokens(prompt, raw=raw)
+        plan = plan_request(prompt, tools, tool_choice, parallel=parallel_tool_calls,
+                            native_template=self.template.writes_tool_call_tags)
+        if plan is not None:
+            if constraint is not None and plan.constraint is not None:
+                raise InvalidParameterError("constraint", "a Constraint", "None when tools "
+                                            "may be called (tool_choice='none' allows one)")
+            constraint = plan.constraint or constraint
+            tokens = self.prompt_tokens(plan.messages, tools=plan.template_tools,
+                                        _validated=True)
+        else:
+            tokens = self.prompt_tokens(prompt, raw=raw)
         if len(tokens) >= self.n_ctx:
             raise ContextOverflowError(len(tokens), self.n_ctx)
+        grammar = self._grammar(constraint)
         speculative = speculative and self.can_speculate
         job = Job(self._turnstile, Generation("", [], "cancelled", GenerationStats(
             prompt_tokens=len(tokens), speculative=speculative)))
@@ -284,7 +315,21 @@ class Engine:
             job, self._turnstile, self.target, self.draft if speculative else None,
             self.draft_head if speculative else None, lambda: self._drafter(sampling), tokens,
             max_tokens=max_tokens, sampling=sampling, stop=list(stop),
-            speculative=speculative))
+            speculative=speculative, grammar=grammar, logprobs=logprobs,
+            finish=plan.finish if plan is not None else None))
+
+    def _grammar(self, constraint: Optional[Constraint]) -> Optional[GrammarState]:
+        """A constraint's state over the target's vocabulary, for one generation (the grammar
+        engine's tokenizer is built on first use of a model file, then kept)."""
+        if constraint is None:
+            return None
+        if not isinstance(constraint, Constraint):
+            raise InvalidParameterError("constraint", type(constraint).__name__,
+                                        "a Constraint: Constraint.json_schema(schema), "
+                                        ".json(), .regex(pattern) or .grammar(text)")
+        path = self.target.path
+        tokenizer = tokenizer_for(path, lambda: GrammarVocab(path))
+        return GrammarState(constraint, tokenizer, self.target.n_vocab)
 
     def astream(self, prompt: Prompt, **kwargs) -> AsyncStream:
         """:meth:`stream` for asyncio: ``async for event in engine.astream(...)``.
@@ -334,6 +379,10 @@ class Engine:
         if owner is not None:
             owner.close()
         self._turnstile.wait_idle()
+        # Refined costs are kept unless the machine was busy (the threads backed off): the
+        # next session starts from them.
+        if not self.threads["backed_off"]:
+            self._drafting.save_refined()
         with self._life:
             if self.draft is not None:
                 self.draft.close()
@@ -361,3 +410,4 @@ def _close_open_engines() -> None:
             engine.close()
         except Exception:   # pragma: no cover - best effort at exit
             log.exception("closing an Engine at exit failed")
+

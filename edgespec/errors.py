@@ -73,6 +73,11 @@ class PromptTooLargeError(EdgespecError):
     """The conversation is too large to be turned into a prompt."""
 
 
+class ConstraintError(EdgespecError, ValueError):
+    """A JSON schema, regular expression, grammar or tool definition cannot be used (the
+    grammar engine's message says why), or an output does not match it."""
+
+
 class ConversationFileError(EdgespecError):
     """A saved conversation could not be read or written."""
 

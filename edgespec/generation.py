@@ -17,13 +17,14 @@ import numpy as np
 from .config import SamplingParams
 from .drafting import Drafter, ReducedHead
 from .lm import LanguageModel
-from .results import Generation, GenerationStats, StreamEvent
+from .results import Generation, GenerationStats, StreamEvent, TokenLogprob
 from .speculative import LoopStats, decode
 from .streams import Job, Turnstile
 from .textstream import TextAssembler
 
 if TYPE_CHECKING:
     from .backend import LlamaModel
+    from .constraints import GrammarState
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -54,11 +55,17 @@ def run_generation(job: Job, turnstile: Turnstile, target: "LlamaModel",
                    draft: Optional["LlamaModel"], draft_head: Optional[ReducedHead],
                    get_drafter: Callable[[], Optional[Drafter]], prompt: list[int], *,
                    max_tokens: int, sampling: SamplingParams, stop: list[str],
-                   speculative: bool) -> Iterator[StreamEvent]:
+                   speculative: bool, grammar: Optional["GrammarState"] = None,
+                   logprobs: Optional[int] = None,
+                   finish: Optional[Callable[[Generation], Generation]] = None
+                   ) -> Iterator[StreamEvent]:
     """The generation behind a Stream: waits for its turn, then prefill → decode → text.
 
     ``draft``: the draft model to prefill (None without one, or for plain decoding);
-    ``get_drafter`` is asked once the turn is taken (it may calibrate).
+    ``get_drafter`` is asked once the turn is taken (it may calibrate). ``grammar``: the
+    output's constraint, at the start of the output. ``logprobs``: record each token's log
+    probability and this many alternatives. ``finish`` turns the result into its final form
+    (tool calls read from the output).
     Holds the turn until it ends; whichever way it ends (last token, cancel, close, an error)
     its ``finally`` trims the caches to what was generated and hands the turn on.
     """
@@ -73,8 +80,9 @@ def run_generation(job: Job, turnstile: Turnstile, target: "LlamaModel",
                                 loop=LoopStats())
         models = [target] + ([draft] if draft is not None else [])
         out_tokens: list[int] = []
+        token_logprobs: list[TokenLogprob] = []
         text: list[str] = []
-        finish = "length"
+        finish_reason = "length"
         t0 = time.perf_counter()
         stats.prompt_tokens_evaluated = prefill(target, prompt, cancelled)
         if draft is not None:
@@ -87,30 +95,35 @@ def run_generation(job: Job, turnstile: Turnstile, target: "LlamaModel",
         eog = target.vocab.eog
         steps = (decode(target, list(prompt), params=sampling,
                         rng=np.random.default_rng(sampling.seed), max_new=max_tokens,
-                        drafter=drafter, stats=stats.loop, should_stop=cancelled.is_set)
+                        drafter=drafter, stats=stats.loop, should_stop=cancelled.is_set,
+                        constraint=grammar, logprobs=logprobs)
                  if not cancelled.is_set() else iter(()))
         try:
             if cancelled.is_set():  # cancelled during prompt processing
-                finish = "cancelled"
+                finish_reason = "cancelled"
             else:
                 for step in steps:
                     if step.token in eog:
-                        finish = "stop"
+                        finish_reason = "stop"
                         break
                     out_tokens.append(step.token)
+                    lp = None
+                    if step.logprob is not None:
+                        lp = TokenLogprob(step.token, *step.logprob)
+                        token_logprobs.append(lp)
                     piece = assembler.push(target.token_bytes(step.token))
                     text.append(piece)
-                    yield StreamEvent(piece, step.token, step.from_draft)
+                    yield StreamEvent(piece, step.token, step.from_draft, lp)
                     if assembler.stopped:
-                        finish = "stop"
+                        finish_reason = "stop"
                         break
                     if cancelled.is_set():
-                        finish = "cancelled"
+                        finish_reason = "cancelled"
                         break
                 else:   # the loop ended by itself: budget or context full, or a cancel
-                    finish = "cancelled" if cancelled.is_set() else "length"
+                    finish_reason = "cancelled" if cancelled.is_set() else "length"
         except GeneratorExit:   # closed mid-stream: the output is what was yielded
-            finish, ended = "cancelled", True
+            finish_reason, ended = "cancelled", True
             raise
         except BaseException as e:   # the caller gets the exception, not a result
             ended = True
@@ -124,11 +137,17 @@ def run_generation(job: Job, turnstile: Turnstile, target: "LlamaModel",
             stats.head_seconds = (draft_head.seconds - head0
                                   if draft_head is not None else 0.0)
             stats.completion_tokens = len(out_tokens)
+            stats.target_threads = target.n_threads
+            stats.draft_threads = draft.n_threads if draft is not None else 0
+            if grammar is not None:
+                stats.grammar_seconds = grammar.seconds
             if not ended:
                 tail = assembler.finish()
                 text.append(tail)
             if job.error is None:
-                job.result = Generation("".join(text), out_tokens, finish, stats)
+                result = Generation("".join(text), out_tokens, finish_reason, stats,
+                                    logprobs=token_logprobs if logprobs is not None else None)
+                job.result = finish(result) if finish is not None else result
     except BaseException as e:
         if job.error is None and not isinstance(e, GeneratorExit):
             job.error = e       # failed during prompt processing

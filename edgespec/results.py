@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from .speculative import LoopStats
 
@@ -26,7 +27,10 @@ class GenerationStats:
     decode_seconds: float = 0.0
     llama_seconds: float = 0.0         # inside llama_decode, both models, decoding phase
     head_seconds: float = 0.0          # the draft's reduced output layer (numpy), decoding
+    grammar_seconds: float = 0.0       # in the grammar engine (a constrained generation)
     speculative: bool = False
+    target_threads: int = 0            # CPU threads each model ran with at the end
+    draft_threads: int = 0             # (0: no draft model in use)
     loop: LoopStats = field(default_factory=LoopStats)
 
     # -- the loop's counters ----------------------------------------------------------------
@@ -90,6 +94,13 @@ class GenerationStats:
     def python_share(self) -> float:
         return self.python_seconds / self.decode_seconds if self.decode_seconds else 0.0
 
+    @property
+    def threads_text(self) -> str:
+        t, d = self.target_threads, self.draft_threads
+        if not d or d == t:
+            return f"{t} thread{'s' if t != 1 else ''}"
+        return f"threads: target {t}, draft {d}"
+
     def summary(self, detail: bool = False) -> str:
         """One line for people: speed, acceptance, tokens per target pass; with ``detail``
         also the time, the prompt and the share of time outside llama.cpp."""
@@ -100,6 +111,8 @@ class GenerationStats:
             parts.append(f"{self.tokens_per_pass:.2f} tokens/pass")
         else:
             parts.append("speculation off")
+        if self.target_threads:
+            parts.append(self.threads_text)
         if not detail:
             return " · ".join(parts)
         d = self.decode_seconds
@@ -116,7 +129,8 @@ class GenerationStats:
         d = {name: getattr(self, name) for name in (
             "prompt_tokens", "prompt_tokens_evaluated", "completion_tokens", "drafted",
             "accepted", "target_passes", "prompt_seconds", "decode_seconds", "llama_seconds",
-            "head_seconds", "draft_seconds", "verify_seconds", "speculative",
+            "head_seconds", "grammar_seconds", "draft_seconds", "verify_seconds", "speculative",
+            "target_threads", "draft_threads",
             "acceptance_rate", "tokens_per_pass", "tokens_per_second",
             "prompt_tokens_per_second", "python_seconds", "python_share")}
         d["tested_at"], d["accepted_at"] = list(self.tested_at), list(self.accepted_at)
@@ -125,26 +139,50 @@ class GenerationStats:
 
 @dataclass
 class Generation:
-    """The result of a generation. ``finish_reason``: ``"stop"`` (an end-of-generation token
-    or a stop string), ``"length"`` (``max_tokens`` or the context window) or
-    ``"cancelled"``."""
+    """The result of a generation. ``finish_reason``: ``"stop"`` (an end-of-generation token,
+    a stop string, or a grammar that completed), ``"length"`` (``max_tokens`` or the context
+    window; the partial output is kept), ``"cancelled"``, or ``"tool_calls"`` (the model
+    called tools: ``tool_calls`` holds them, :class:`edgespec.tools.ToolCall`)."""
 
     text: str
     tokens: list[int]
     finish_reason: str
     stats: GenerationStats = field(default_factory=GenerationStats)
+    tool_calls: list = field(default_factory=list)
+    logprobs: Optional[list] = None     # per token, when asked for (TokenLogprob)
 
     def to_dict(self) -> dict:
-        return {"text": self.text, "tokens": self.tokens, "finish_reason": self.finish_reason,
-                "stats": self.stats.to_dict()}
+        d = {"text": self.text, "tokens": self.tokens, "finish_reason": self.finish_reason,
+             "stats": self.stats.to_dict()}
+        if self.tool_calls:
+            d["tool_calls"] = [c.to_openai() for c in self.tool_calls]
+        if self.logprobs is not None:
+            d["logprobs"] = [lp.to_dict() for lp in self.logprobs]
+        return d
+
+
+@dataclass
+class TokenLogprob:
+    """A committed token's log probability under the target's own distribution (its raw
+    logits, temperature 1, no sampler or grammar applied), and the most likely alternatives
+    at that position as (token id, log probability), best first."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"token": self.token, "logprob": self.logprob, "top": self.top}
 
 
 @dataclass
 class StreamEvent:
     """A piece of streamed output: the text released with ``token`` (may be '' while a
     character or a possible stop string is incomplete); ``from_draft``: the token was proposed
-    by the drafter and accepted by the target."""
+    by the drafter and accepted by the target; ``logprob``: its log probability (when
+    asked for)."""
 
     text: str
     token: int
     from_draft: bool
+    logprob: Optional["TokenLogprob"] = None     # when the request asked for logprobs

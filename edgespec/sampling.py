@@ -136,15 +136,28 @@ def _logsumexp(logits: np.ndarray) -> float:
     return m + float(np.log(np.exp(logits - np.float32(m), dtype=np.float32).sum(dtype=np.float64)))
 
 
-def warp(logits: np.ndarray, params: SamplingParams,
-         history: Sequence[int] = ()) -> Dist:
+def masked_argmax(logits: np.ndarray, allowed: np.ndarray | None) -> int:
+    """The most likely token among the ``allowed`` ones (a boolean mask; None: all)."""
+    best = int(np.argmax(logits))
+    if allowed is None or allowed[best]:
+        return best
+    return int(np.argmax(np.where(allowed, logits, np.float32(-np.inf))))
+
+
+def warp(logits: np.ndarray, params: SamplingParams, history: Sequence[int] = (),
+         allowed: np.ndarray | None = None) -> Dist:
     """The distribution a model's next token is drawn from under ``params``.
 
     ``logits``: one row, shape ``(n_vocab,)``; it is not modified. ``history``: the tokens
-    before this position (prompt and generated), used by the penalties. At temperature 0 the
-    result is one-hot on the argmax, so greedy decoding is a special case of sampling.
+    before this position (prompt and generated), used by the penalties. ``allowed``: a boolean
+    mask of the tokens a grammar allows here (None: all); the others get probability 0 before
+    any sampler runs, so the target's p and the draft's q are masked alike. At temperature 0
+    the result is one-hot on the (allowed) argmax, so greedy decoding is a special case of
+    sampling.
     """
     logits = apply_penalties(logits, params, history)
+    if allowed is not None:
+        logits = np.where(allowed, logits, np.float32(-np.inf))
     n = logits.shape[0]
     if params.greedy:
         return Dist.one_hot(int(np.argmax(logits)))
@@ -191,6 +204,18 @@ def warp(logits: np.ndarray, params: SamplingParams,
                        dtype=np.float32).astype(np.float64)
         return Dist(None, probs / probs.sum())
     return Dist(ids.astype(np.int64, copy=False), _softmax(vals / params.temperature))
+
+
+def log_probs(logits: np.ndarray, token: int, top_n: int = 0) -> tuple[float, list]:
+    """``token``'s log probability under the softmax of ``logits`` (temperature 1, no cut-off)
+    and the ``top_n`` most likely tokens as (id, log probability), best first."""
+    norm = _logsumexp(logits)
+    top = []
+    if top_n > 0:
+        ids = top_k_ids(logits, min(top_n, logits.shape[0]))
+        ids = ids[np.argsort(-logits[ids], kind="stable")]
+        top = [(int(i), float(logits[i]) - norm) for i in ids]
+    return float(logits[token]) - norm, top
 
 
 def residual(p: Dist, q: Dist, n_vocab: int) -> Dist:

@@ -97,6 +97,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="target layers to offload to the GPU (-1 = all, 0 = none)")
     g.add_argument("--draft-n-gpu-layers", type=int, default=-1, metavar="N",
                    help="draft layers to offload to the GPU (-1 = all)")
+    g.add_argument("--recalibrate", action="store_true",
+                   help="measure the models' speed again instead of using the kept figures")
     g.add_argument("--verbose", action="store_true", help="show llama.cpp's own log")
 
 
@@ -153,13 +155,57 @@ def model_label(args) -> str:
     return args.pair or DEFAULT_PAIR
 
 
-def load_engine(args, say: Callable[[str], None] = status):
+def load_engine(args, say: Callable[[str], None] = status, **overrides):
+    """The Engine the options describe (``overrides``: Engine.load arguments to force)."""
     from .engine import Engine
     target, draft = resolve_models(args, say)
     drafter = "none" if getattr(args, "no_spec", False) else args.drafter
-    return Engine.load(target=target, draft=draft if drafter != "none" else None,
-                       drafter=drafter, n_ctx=args.ctx_size, n_threads=args.threads,
-                       n_gpu_layers=args.n_gpu_layers,
-                       draft_n_gpu_layers=args.draft_n_gpu_layers,
-                       draft_max=args.draft_max, adaptive=not args.no_adaptive,
-                       p_min=args.draft_p_min, verbose=args.verbose)
+    kw = dict(target=target, draft=draft if drafter != "none" else None, drafter=drafter,
+              n_ctx=args.ctx_size, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
+              draft_n_gpu_layers=args.draft_n_gpu_layers, draft_max=args.draft_max,
+              adaptive=not args.no_adaptive, p_min=args.draft_p_min, verbose=args.verbose,
+              recalibrate=args.recalibrate, progress=say)
+    return Engine.load(**{**kw, **overrides})
+
+
+# ---------------------------------------------------------------------------------------------
+# Structured output
+
+
+def add_constraint_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("structured output (at most one)").add_mutually_exclusive_group()
+    g.add_argument("--json-schema", metavar="FILE|JSON",
+                   help="the output is JSON matching this schema (a file, or the schema itself)")
+    g.add_argument("--json-output", action="store_true", help="the output is a JSON object")
+    g.add_argument("--regex", metavar="REGEX", help="the output matches this regular expression")
+    g.add_argument("--grammar", metavar="FILE",
+                   help="the output follows this grammar (Lark, or llama.cpp's GBNF)")
+
+
+def read_text_arg(value: str, what: str) -> str:
+    """``value`` itself, or the content of the file it names (an argument that looks like a
+    path but names no file is an error, not a schema)."""
+    from pathlib import Path
+    stripped = value.strip()
+    if stripped.startswith(("{", "[")):
+        return value
+    path = Path(value).expanduser()
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"{what}: cannot read {value} ({getattr(e, 'strerror', None) or e})"
+                         ) from None
+
+
+def constraint_from_args(args):
+    """The Constraint the options ask for (checked now, before any model loads), or None."""
+    from .constraints import Constraint
+    if getattr(args, "json_schema", None):
+        return Constraint.json_schema(read_text_arg(args.json_schema, "--json-schema"))
+    if getattr(args, "json_output", False):
+        return Constraint.json()
+    if getattr(args, "regex", None):
+        return Constraint.regex(args.regex)
+    if getattr(args, "grammar", None):
+        return Constraint.grammar(read_text_arg(args.grammar, "--grammar"))
+    return None

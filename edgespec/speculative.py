@@ -10,29 +10,39 @@ committed context; the drafter feeds whatever it is missing.
 (a stop string, a cancel): closing the generator trims both caches to exactly what was
 consumed, so the next call starts from a consistent state. With ``drafter=None`` (or K = 0)
 the same loop is plain target decoding: Algorithm 1 with K = 0 is ordinary sampling.
+
+With a grammar ``constraint`` every row's p and every draft step's q are masked with the same
+allowed set, so the output is the target's constrained distribution; tokens the grammar forces
+lead the draft with q = 1 (they cost no draft step), and a rejected suffix rolls the grammar
+back with the caches.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 import numpy as np
 
 from .config import SamplingParams
 from .drafting import Draft, Drafter
 from .lm import LanguageModel
-from .sampling import warp
+from .sampling import log_probs, masked_argmax, warp
 from .verify import speculative_sampling, verify_greedy
+
+if TYPE_CHECKING:
+    from .constraints import GrammarState
 
 
 @dataclass
 class Step:
-    """One committed token. ``from_draft``: proposed by the drafter and accepted."""
+    """One committed token. ``from_draft``: proposed by the drafter and accepted.
+    ``logprob``: (its log probability, the top alternatives), when asked for."""
 
     token: int
     from_draft: bool
+    logprob: Optional[tuple[float, list]] = None
 
 
 @dataclass
@@ -63,7 +73,9 @@ class LoopStats:
 def decode(target: LanguageModel, context: list[int], *, params: SamplingParams,
            rng: np.random.Generator, max_new: int, drafter: Optional[Drafter] = None,
            stats: Optional[LoopStats] = None,
-           should_stop: Callable[[], bool] = lambda: False) -> Iterator[Step]:
+           should_stop: Callable[[], bool] = lambda: False,
+           constraint: Optional["GrammarState"] = None,
+           logprobs: Optional[int] = None) -> Iterator[Step]:
     """Generate up to ``max_new`` tokens after ``context``.
 
     ``context`` is the committed token list (prompt + tokens generated so far) and is extended
@@ -73,7 +85,9 @@ def decode(target: LanguageModel, context: list[int], *, params: SamplingParams,
     after ``max_new`` tokens, or when the context window is full; it never asks llama.cpp for
     more than ``n_batch``/``n_outputs_max`` rows or ``n_ctx`` positions. ``should_stop`` is
     polled at every draft step and before each verify pass: when it turns true the loop ends
-    without committing the round in progress.
+    without committing the round in progress. ``constraint``: a grammar's state after the
+    committed context, advanced as tokens commit. ``logprobs``: give each step its log
+    probability and this many alternatives, read from the verify pass's own rows.
     """
     stats = stats if stats is not None else LoopStats()
     eog = target.vocab.eog
@@ -85,12 +99,23 @@ def decode(target: LanguageModel, context: list[int], *, params: SamplingParams,
     try:
         while len(context) < limit:
             # How many drafts fit: the verify pass commits at most K + 1 tokens.
-            K = min(drafter.plan(), limit - len(context) - 1, max_rows - 1) if drafter else 0
+            room = min(limit - len(context) - 1, max_rows - 1)
+            d0 = constraint.depth if constraint is not None else 0
 
-            # 1. Draft: up to K tokens x with the distributions q they were drawn from.
-            draft = drafter.draft(context, K, params, rng, should_stop) if K > 0 else Draft()
+            # 1. Draft: tokens the grammar forces (free), then up to K tokens x from the
+            #    drafter, each allowed by the grammar, with the distributions q they came from.
+            forced = []
+            if constraint is not None and drafter is not None:
+                forced = constraint.forced()[:room]
+                del forced[constraint.consume(forced):]
+            K = room - len(forced) if drafter and drafter.plan() > 0 else 0
+            draft = (drafter.draft(context + forced, K, params, rng, should_stop, constraint)
+                     if K > 0 else Draft())
+            if forced:
+                draft = draft.after(forced)
             x, q = draft.x, draft.q
             K = len(x)
+            assert constraint is None or constraint.depth == d0 + K, "a draft the grammar refused"
             stats.drafted += K
             stats.draft_seconds += draft.seconds
             if should_stop():
@@ -100,14 +125,18 @@ def decode(target: LanguageModel, context: list[int], *, params: SamplingParams,
             t0 = time.perf_counter()
             n_base = len(context) - 1
             rows = target.eval([context[-1], *x], K + 1)
+            masks = ([constraint.mask(d0 + i) for i in range(K + 1)] if constraint is not None
+                     else [None] * (K + 1))
 
-            # 3. Accept: greedy match, or rejection sampling (Algorithm 1).
+            # 3. Accept: greedy match, or rejection sampling (Algorithm 1), p masked as q was.
             if plain_greedy:
-                n, t = verify_greedy(x, rows.argmax(axis=1))
+                n, t = verify_greedy(x, rows.argmax(axis=1) if constraint is None else
+                                     [masked_argmax(rows[i], masks[i]) for i in range(K + 1)])
             else:
                 tail = context[-params.repeat_last_n:] if params.uses_penalty else []
                 n, t = speculative_sampling(
-                    x, q, lambda i: warp(rows[i], params, tail + x[:i]), rng, n_vocab)
+                    x, q, lambda i: warp(rows[i], params, tail + x[:i], masks[i]), rng,
+                    n_vocab)
             verify_seconds = time.perf_counter() - t0
             stats.verify_seconds += verify_seconds
             stats.target_passes += 1
@@ -117,16 +146,20 @@ def decode(target: LanguageModel, context: list[int], *, params: SamplingParams,
             if drafter is not None:
                 drafter.observe(draft, n, verify_seconds)
 
-            # 4. Trim: drop the rejected drafts from both caches.
+            # 4. Trim: drop the rejected drafts from both caches (and the grammar).
             target.truncate(n_base + 1 + n)
             if drafter is not None:
                 drafter.rollback(n_base + 1 + n)
+            if constraint is not None:
+                constraint.rollback(constraint.depth - d0 - n)
+                constraint.consume([t])
 
             # 5. Emit, stopping exactly at an end-of-generation token.
             for i, token in enumerate(x[:n] + [t]):
                 context.append(token)
                 stats.emitted += 1
-                yield Step(token, i < n)
+                yield Step(token, i < n, log_probs(rows[i], token, logprobs)
+                           if logprobs is not None else None)
                 if token in eog:
                     return
     finally:

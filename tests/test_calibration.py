@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 
 import pytest
 
 from edgespec.backend import LlamaModel
 from edgespec.config import ModelConfig
-from edgespec.drafting import calibrate, calibrate_cached
+from edgespec.drafting import calibrate, calibrate_cached, costs as costs_module
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +23,8 @@ def q4(smollm2_q4_path):
 def test_calibration_measures_and_restores_the_cache(q4):
     q4.eval([1, 2, 3], 1)
     before = list(q4.tokens)
-    costs = calibrate(q4, q4, sizes=(1, 4, 16))
+    cal = calibrate(q4, q4, sizes=(1, 4, 16))
+    costs = cal.costs
     assert q4.tokens == before                    # the models' contents are left as they were
     assert set(costs.target) == {1, 4, 16}
     assert all(v > 0 for v in costs.target.values()) and costs.draft > 0
@@ -30,21 +32,32 @@ def test_calibration_measures_and_restores_the_cache(q4):
     q4.truncate(0)
 
 
+@pytest.fixture
+def quiet(monkeypatch):
+    """Whatever this machine is doing, count every calibration as quiet (these tests are
+    about the cache, not about telling a busy machine)."""
+    monkeypatch.setattr(costs_module, "STEADY", 1e9)
+    monkeypatch.setattr(costs_module, "CALIBRATION_BUDGET", 1e9)
+
+
 def test_cache_is_reused_and_drops_entries_for_files_that_are_gone(q4, tmp_path, monkeypatch,
-                                                                  smollm2_q4_path):
+                                                                  smollm2_q4_path, quiet):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     cache = tmp_path / "cache" / "edgespec" / "calibration.json"
     gone = tmp_path / "gone.gguf"
     shutil.copy(smollm2_q4_path, gone)
     st = gone.stat()
+    now = time.time()
     stale = {
         # a model file since deleted (a test's temporary copy, a removed model)
-        f"{gone}|{st.st_size}|{int(st.st_mtime)}|t2|ngl-1||-": {"target": {"1": 1.0}, "draft": 1.0},
+        f"{gone}|{st.st_size}|{int(st.st_mtime)}|t2|ngl-1||-": {"target": {"1": 1.0},
+                                                                 "draft": 1.0, "saved": now},
         # the file exists but was rewritten since it was measured
-        f"{smollm2_q4_path.resolve()}|1|2|t2|ngl-1||-": {"target": {"1": 1.0}, "draft": 1.0},
+        f"{smollm2_q4_path.resolve()}|1|2|t2|ngl-1||-": {"target": {"1": 1.0}, "draft": 1.0,
+                                                         "saved": now},
         # an older key format
         f"{smollm2_q4_path.resolve()}|1|2|t2|ngl-1|ctx4096||-": {"target": {"1": 1.0},
-                                                                "draft": 1.0},
+                                                                "draft": 1.0, "saved": now},
     }
     gone.unlink()
     cache.parent.mkdir(parents=True)
@@ -61,3 +74,25 @@ def test_cache_is_reused_and_drops_entries_for_files_that_are_gone(q4, tmp_path,
     entry["target"] = {n: 123.0 for n in entry["target"]}
     cache.write_text(json.dumps(saved))
     assert calibrate_cached(q4, None).t(1) == 123.0
+    # ... until the entry is older than CACHE_DAYS: then it is measured again.
+    entry["saved"] = time.time() - (costs_module.CACHE_DAYS + 1) * 86400
+    cache.write_text(json.dumps(saved))
+    assert calibrate_cached(q4, None).t(1) != 123.0
+
+
+def test_a_busy_calibration_is_used_but_not_kept(q4, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(costs_module, "STEADY", 0.5)      # no measurement is steady enough
+    said = []
+    costs = calibrate_cached(q4, None, progress=said.append)
+    assert costs.t(1) > 0 and said and "measuring" in said[0]
+    assert not (tmp_path / "cache" / "edgespec" / "calibration.json").exists()
+
+
+def test_a_slow_calibration_stops_early_and_is_not_kept(q4, monkeypatch):
+    monkeypatch.setattr(costs_module, "CALIBRATION_BUDGET", 0.0)
+    said = []
+    cal = calibrate(q4, None, progress=said.append)
+    assert not cal.quiet and len(cal.costs.target) == 2        # the first two sizes only
+    assert cal.costs.t(33) > cal.costs.t(2)                    # extended along their line
+    assert any("busy" in s for s in said)

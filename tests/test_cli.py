@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 
 import gguf
+import pytest
 
 
 def edgespec(*args, timeout=300):
@@ -130,3 +132,55 @@ def test_no_spec_and_ngram_drafter(smollm2_f32_path):
     ja, jb = json.loads(a.stdout), json.loads(b.stdout)
     assert ja["tokens"] == jb["tokens"]
     assert ja["stats"]["drafted"] == 0 and jb["stats"]["drafted"] > 0
+
+
+def test_run_json_schema_output_parses(smollm2_f32_path, smollm2_q4_path):
+    schema = {"type": "object", "properties": {"capital": {"type": "string", "maxLength": 20}},
+              "required": ["capital"], "additionalProperties": False}
+    proc = edgespec("run", "What is the capital of France? Answer in JSON.", "--target",
+                    smollm2_f32_path, "--draft", smollm2_q4_path, "--temperature", "0",
+                    "-n", "40", "--json-schema", json.dumps(schema), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    value = json.loads(proc.stdout)
+    assert set(value) == {"capital"}
+
+
+def test_run_regex_and_grammar_file(smollm2_f32_path, tmp_path):
+    proc = edgespec("run", "Pick a number:", "--target", smollm2_f32_path, "--raw",
+                    "--temperature", "0", "-n", "8", "--regex", "[0-9]{3}", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().isdigit() and len(proc.stdout.strip()) == 3
+    grammar = tmp_path / "yesno.gbnf"
+    grammar.write_text('root ::= "yes" | "no"\n')
+    proc = edgespec("run", "Is Paris in France?", "--target", smollm2_f32_path,
+                    "--temperature", "0", "-n", "8", "--grammar", str(grammar), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() in ("yes", "no")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--json-schema", '{"type": "nope"}'], "the JSON schema is invalid"),
+    (["--json-schema", "no-such-schema.json"], "--json-schema: cannot read no-such-schema.json"),
+    (["--regex", "(ab"], "the regular expression is invalid"),
+    (["--grammar", "no-such.gbnf"], "--grammar: cannot read no-such.gbnf"),
+    (["--regex", "a", "--json-output"], "not allowed with argument"),
+])
+def test_bad_constraints_fail_before_any_model_loads(args, fragment):
+    # The model path does not exist: the constraint is what the error must be about.
+    assert_user_error(edgespec("run", "hi", "--target", "/no/such/model.gguf", *args), fragment)
+
+
+def test_calibrate_measures_and_says_where_it_is_kept(smollm2_f32_path, smollm2_q4_path,
+                                                       tmp_path):
+    env_home = tmp_path / "cache"
+    proc = subprocess.run([sys.executable, "-m", "edgespec", "calibrate", "--target",
+                           str(smollm2_f32_path), "--draft", str(smollm2_q4_path)],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "XDG_CACHE_HOME": str(env_home)})
+    assert proc.returncode == 0, proc.stderr
+    assert "ms per pass by batch size" in proc.stdout and "of a target token" in proc.stdout
+    kept = env_home / "edgespec" / "calibration.json"
+    if "kept in" in proc.stdout:            # a quiet machine: kept for later sessions
+        assert str(kept) in proc.stdout and kept.exists()
+    else:                                   # a busy one: said so, and nothing kept
+        assert "not kept: the machine looked busy" in proc.stdout and not kept.exists()

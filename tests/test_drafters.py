@@ -94,8 +94,9 @@ def test_ngram_lookup_finds_the_latest_longest_match():
     ctx = [1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3]
     assert lookup(ctx, 3, 1, 3, 4096) == ([7, 8, 5], 2)     # [2, 3] last seen before 7
     assert lookup([4, 5, 6], 4, 1, 3, 4096) == ([], 0)
-    d = NgramDrafter(FixedLength(2), ngram_min=1, ngram_max=3).draft(
-        [1, 2, 1, 2, 1], 2, SamplingParams(), np.random.default_rng(0), NEVER)
+    ngram = NgramDrafter(FixedLength(2), ngram_min=1, ngram_max=3)
+    ngram.plan()
+    d = ngram.draft([1, 2, 1, 2, 1], 5, SamplingParams(), np.random.default_rng(0), NEVER)
     assert d.x == [2, 1] and d.source == "ngram"
     assert all(qi.prob(xi) == 1.0 for xi, qi in zip(d.x, d.q))
 
@@ -178,6 +179,7 @@ def test_a_model_draft_continued_by_an_ngram_match_teaches_its_policy_only_its_o
 def test_should_stop_ends_a_draft_at_once():
     calls = []
     drafter = sevens(FixedLength(8))
+    drafter.plan()
     d = drafter.draft([1, 2], 8, GREEDY, np.random.default_rng(0),
                       lambda: calls.append(1) or len(calls) > 2)
     assert d.x == [7, 7]

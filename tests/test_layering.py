@@ -22,6 +22,7 @@ RULES = {
     "prompt_toolkit": "tui/",
     "starlette": "server/",
     "uvicorn": "server/",
+    "llguidance": "constraints.py",
 }
 
 

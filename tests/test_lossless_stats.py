@@ -167,7 +167,7 @@ class _StopsOnTheDrawnToken(ModelDrafter):
         d = super().draft(context, *args, **kwargs)
         for i, (x, q) in enumerate(zip(d.x, d.q)):
             if q.prob(x) < 0.2:
-                del d.x[i:], d.q[i:], d.confidences[i:]
+                del d.x[i:], d.q[i:], d.confidences[i:], d.free[i:]
                 break
         return d
 

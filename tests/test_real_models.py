@@ -102,8 +102,8 @@ class RandomDrafter:
     def plan(self):
         return 8
 
-    def draft(self, context, k, params, rng, should_stop):
-        x = [int(t) for t in self.rng.integers(100, self.n_vocab, k)]
+    def draft(self, context, k, params, rng, should_stop, constraint=None):
+        x = [int(t) for t in self.rng.integers(100, self.n_vocab, min(k, 8))]
         return Draft(x, [Dist.one_hot(t) for t in x], [1.0] * len(x), source="model")
 
     def observe(self, draft, n_accepted, verify_seconds):

@@ -156,6 +156,7 @@ def test_sampled_drafts_come_from_the_reduced_head(twins):
     context = tapped.tokenize("Once upon a time, in a small village by the sea,")
     rng = np.random.default_rng(0)
     params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    drafter.plan()
     d = drafter.draft(context, 6, params, rng, lambda: False)
     assert len(d.x) == 6
     for t, dist in zip(d.x, d.q):

@@ -197,12 +197,29 @@ BAD = [
     ("/v1/chat/completions", {**CHAT_OK, "stream": "yes"}, "stream", "invalid_type"),
     ("/v1/chat/completions", {**CHAT_OK, "stream_options": {"include_usage": True}},
      "stream_options", None),
-    ("/v1/chat/completions", {**CHAT_OK, "logprobs": True}, "logprobs",
+    ("/v1/chat/completions", {**CHAT_OK, "logprobs": "yes"}, "logprobs", "invalid_type"),
+    ("/v1/chat/completions", {**CHAT_OK, "logprobs": True, "top_logprobs": 21},
+     "top_logprobs", None),
+    ("/v1/chat/completions", {**CHAT_OK, "top_logprobs": 2}, "top_logprobs", None),
+    ("/v1/completions", {"prompt": "hi", "logprobs": 6}, "logprobs", None),
+    ("/v1/chat/completions", {**CHAT_OK, "tools": [{"type": "function"}]}, "tools", None),
+    ("/v1/chat/completions", {**CHAT_OK, "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {"a": {"type": 5}}}}}]},
+     "tools", None),
+    ("/v1/chat/completions", {**CHAT_OK, "tools": [{"type": "function", "function": {
+        "name": "f"}}], "tool_choice": "g"}, "tool_choice", None),
+    ("/v1/chat/completions", {**CHAT_OK, "tool_choice": "required"}, "tool_choice", None),
+    ("/v1/chat/completions", {**CHAT_OK, "functions": [{"name": "f"}]}, "functions",
      "unsupported_parameter"),
-    ("/v1/chat/completions", {**CHAT_OK, "tools": [{"type": "function"}]}, "tools",
-     "unsupported_parameter"),
-    ("/v1/chat/completions", {**CHAT_OK, "response_format": {"type": "json_object"}},
-     "response_format", "unsupported_parameter"),
+    ("/v1/chat/completions", {**CHAT_OK, "response_format": {"type": "xml"}},
+     "response_format", None),
+    ("/v1/chat/completions", {**CHAT_OK, "response_format": {"type": "json_schema",
+                                                            "json_schema": {"name": "x",
+                                                            "schema": {"type": "nope"}}}},
+     "response_format", None),
+    ("/v1/chat/completions", {**CHAT_OK, "response_format": {"type": "json_object"},
+                              "tools": [{"type": "function", "function": {"name": "f"}}]},
+     "response_format", None),
     ("/v1/chat/completions", {**CHAT_OK, "logit_bias": {"1": 5}}, "logit_bias", None),
     ("/v1/chat/completions", {**CHAT_OK, "model": 5}, "model", "invalid_type"),
     ("/v1/chat/completions", {**CHAT_OK, "frobnicate": 1}, "frobnicate", "unknown_parameter"),
@@ -397,3 +414,93 @@ def test_all_addresses_with_a_key(smollm2_q4_path):
         assert out["edgespec"]["speculative"] is False
     finally:
         assert s.stop() in (0, 130), s.log()
+
+
+# ---------------------------------------------------------------------------------------------
+# Structured output, tools, log-probabilities (the openai client)
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 24},
+                                           "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
+                   "required": ["city"], "additionalProperties": False}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def test_json_schema_and_json_object(client, model):
+    r = client.chat.completions.create(
+        model=model, temperature=0, max_tokens=60,
+        messages=[{"role": "user", "content": "Maria is 34. Give her name and age as JSON."}],
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": "person", "schema": PERSON, "strict": True}})
+    value = json.loads(r.choices[0].message.content)
+    assert set(value) == {"name", "age"} and isinstance(value["age"], int)
+    assert r.choices[0].finish_reason == "stop"
+    r = client.chat.completions.create(model=model, temperature=0, max_tokens=60, messages=CHAT,
+                                       response_format={"type": "json_object"})
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+
+
+def test_parse_with_a_pydantic_model(client, model):
+    pydantic = pytest.importorskip("pydantic")
+
+    class Person(pydantic.BaseModel):
+        name: str = pydantic.Field(max_length=24)
+        age: int
+    r = client.chat.completions.parse(
+        model=model, temperature=0, max_tokens=60, response_format=Person,
+        messages=[{"role": "user", "content": "Maria is 34. Give her name and age as JSON."}])
+    person = r.choices[0].message.parsed
+    assert isinstance(person, Person) and isinstance(person.age, int)
+
+
+def test_a_tool_call_round_trip(client, model):
+    """The model asks for a tool, the app answers with a tool message, the model replies."""
+    r = client.chat.completions.create(model=model, temperature=0, max_tokens=80, messages=ASK,
+                                       tools=[WEATHER], tool_choice="auto")
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    call = choice.message.tool_calls[0]
+    assert call.type == "function" and call.function.name == "get_weather"
+    assert set(json.loads(call.function.arguments)) == {"city"}
+    history = ASK + [choice.message.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id,
+                      "content": json.dumps({"temperature_c": 18, "sky": "cloudy"})}]
+    r2 = client.chat.completions.create(model=model, temperature=0, max_tokens=40,
+                                        messages=history, tools=[WEATHER], tool_choice="none")
+    assert r2.choices[0].finish_reason in ("stop", "length")
+    assert r2.choices[0].message.content and not r2.choices[0].message.tool_calls
+
+
+def test_tool_calls_stream_as_deltas(client, model):
+    chunks = list(client.chat.completions.create(
+        model=model, temperature=0, max_tokens=80, messages=ASK, tools=[WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}, stream=True))
+    calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert len(calls) == 1 and calls[0].index == 0 and calls[0].function.name == "get_weather"
+    assert json.loads(calls[0].function.arguments)["city"]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_logprobs(client, model):
+    r = client.chat.completions.create(model=model, temperature=0, max_tokens=6, messages=CHAT,
+                                       logprobs=True, top_logprobs=2)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    assert "".join(e.token for e in content) == r.choices[0].message.content
+    for e in content:
+        assert e.logprob <= 0 and len(e.top_logprobs) == 2
+        assert e.top_logprobs[0].token == e.token            # greedy: the best one
+    streamed = [c.choices[0].logprobs for c in client.chat.completions.create(
+        model=model, temperature=0, max_tokens=6, messages=CHAT, logprobs=True, stream=True)
+        if c.choices and c.choices[0].logprobs]
+    assert [e.logprob for lp in streamed for e in lp.content] == \
+        pytest.approx([e.logprob for e in content], abs=1e-4)
+    c = client.completions.create(model=model, prompt="The capital of France is", temperature=0,
+                                  max_tokens=4, logprobs=3)
+    lp = c.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
+    assert "".join(lp.tokens) == c.choices[0].text and len(lp.top_logprobs[0]) == 3

@@ -1,6 +1,7 @@
 """The chat loop driven in-process: prompt_toolkit reads keys from a pipe input and renders to a
 DummyOutput, the real SmolLM2 pair answers, and the test reads what the chat wrote."""
 
+import json
 import ast
 import io
 import os
@@ -362,3 +363,34 @@ def test_only_the_tui_app_imports_prompt_toolkit():
             "print('prompt_toolkit' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_format_makes_answers_json_and_off_frees_them(chat):
+    out, err = chat.lines("/format json")
+    assert err == "" and out == "answers are now json\n"
+    chat.lines("/set temperature 0")
+    chat.lines("/set max_tokens 200")
+    chat.lines("What is your name? Answer in JSON.")
+    g = chat.session.last.generation
+    assert g.finish_reason == "stop" and isinstance(json.loads(g.text), dict)
+    assert "format=json" in chat.lines("/set")[0]
+    out, _ = chat.lines('/format schema {"type": "object", "properties": {"n": '
+                        '{"type": "integer"}}, "required": ["n"]}')
+    assert out.startswith("answers are now schema")
+    chat.lines("Give me a number.")
+    assert set(json.loads(chat.session.last.generation.text)) >= {"n"}
+    out, _ = chat.lines("/format off")
+    assert out == "answers are free text\n" and chat.session.constraint is None
+
+
+@pytest.mark.parametrize("line, fragment", [
+    ("/format xml", "usage: /format json"),
+    ("/format schema {\"type\": \"nope\"}", "the JSON schema is invalid"),
+    ("/format regex (ab", "the regular expression is invalid"),
+    ("/format grammar /no/such/file", "cannot read /no/such/file"),
+])
+def test_a_bad_format_is_one_line_and_changes_nothing(chat, line, fragment):
+    chat.lines("/format json")
+    out, err = chat.lines(line)
+    assert out == "" and err.count("\n") == 1 and fragment in err
+    assert chat.session.format_label == "json"

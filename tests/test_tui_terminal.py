@@ -150,7 +150,7 @@ def test_piped_lines_are_messages_and_commands():
     assert any(line.startswith("last answer: [") for line in out)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert errors == ["error: unknown command /nope; commands are /help /reset /system /set "
-                      "/spec /stats /save /load /colors /exit"]
+                      "/spec /format /stats /save /load /colors /exit"]
     assert "Traceback" not in proc.stderr
 
 

@@ -11,8 +11,8 @@
 from .model import LlamaModel
 from .quantize import FTYPES, check_ftype, quantize
 from .runtime import LLAMA_CPP_VERSION, backend_info, release_free_heap
-from .vocab import VocabOnly, check_compatible, check_compatible_files
+from .vocab import GrammarVocab, VocabOnly, check_compatible, check_compatible_files
 
 __all__ = ["LlamaModel", "FTYPES", "check_ftype", "quantize", "LLAMA_CPP_VERSION",
-           "backend_info", "release_free_heap", "VocabOnly", "check_compatible",
+           "backend_info", "release_free_heap", "GrammarVocab", "VocabOnly", "check_compatible",
            "check_compatible_files"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import time
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -46,6 +46,10 @@ class LlamaModel:
         self._closed = False
         self.tokens: list[int] = []
         self.decode_seconds = 0.0     # wall time inside llama_decode, cumulative
+        self.n_threads = config.n_threads
+        # Told each llama_decode's token count, logits rows and seconds; returns the thread
+        # count for the next (edgespec.threads); None: no one is told.
+        self.on_step: Optional[Callable[[int, int, float], int]] = None
         self._last_chunk = 0          # tokens in the last llama_decode call
         self._piece_cache: dict[int, bytes] = {}
         self._piece_buf = ctypes.create_string_buffer(256)
@@ -118,7 +122,7 @@ class LlamaModel:
                 "size_bytes": self.info.file_size,
                 "n_params": int(C.llama_model_n_params(self._model)),
                 "n_ctx": self.n_ctx, "n_ctx_train": self.n_ctx_train,
-                "n_vocab": self.n_vocab, "n_threads": self.config.n_threads,
+                "n_vocab": self.n_vocab, "n_threads": self.n_threads,
                 "n_gpu_layers": self.config.n_gpu_layers}
 
     # -- text <-> tokens ------------------------------------------------------------------
@@ -188,7 +192,10 @@ class LlamaModel:
         t0 = time.perf_counter()
         rc = C.llama_decode(self._ctx, b)
         C.llama_synchronize(self._ctx)
-        self.decode_seconds += time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        self.decode_seconds += seconds
+        if self.on_step is not None and rc == 0:
+            self.set_threads(self.on_step(len(chunk), len(chunk) - first_logit, seconds))
         if rc != 0:
             # On failure llama.cpp may have kept some ubatches: resynchronise our record.
             kept = C.llama_memory_seq_pos_max(self._mem, 0) + 1
@@ -211,6 +218,14 @@ class LlamaModel:
                 return np.stack([self._logits_view(first_row + i, 1)[0] for i in range(n_rows)])
         arr = (ctypes.c_float * (n_rows * self.n_vocab)).from_address(addr0)
         return np.frombuffer(arr, dtype=np.float32).reshape(n_rows, self.n_vocab)
+
+    def set_threads(self, n: int) -> None:
+        """Run the next passes on ``n`` CPU threads (cheap: llama.cpp's thread pool is
+        resized on the next pass)."""
+        if n != self.n_threads:
+            self._check_open()
+            C.llama_set_n_threads(self._ctx, n, n)
+            self.n_threads = n
 
     @property
     def can_tap(self) -> bool:

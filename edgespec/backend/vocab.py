@@ -8,12 +8,13 @@ checked in a fraction of a second before anything large is loaded.
 
 from __future__ import annotations
 
+import ctypes
 import os
 from pathlib import Path
 
 import llama_cpp.llama_cpp as C
 
-from ..errors import IncompatiblePairError, ModelLoadError
+from ..errors import BackendError, IncompatiblePairError, ModelLoadError
 from ..gguf_file import check_causal_lm, read_gguf
 from ..lm import VocabInfo
 from .runtime import ensure_init
@@ -102,3 +103,45 @@ def check_compatible(target, draft) -> None:
             raise IncompatiblePairError(
                 f"token {i} differs (target {a.decode('utf-8', 'replace')!r}, draft "
                 f"{b.decode('utf-8', 'replace')!r})")
+
+
+class GrammarVocab:
+    """A model file's vocabulary as a grammar engine reads it: each token's bytes (control
+    tokens, and user-defined ones that look like ``<…>``, prefixed with 0xff: llguidance's
+    convention), the end-of-generation ids, BOS, and :meth:`tokenize`, which stays valid as
+    long as this object lives (it owns a vocabulary-only load of the file, not a model that
+    an Engine may close)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self._vocab = VocabOnly(path)
+        vp = self._vocab._vocab_p
+        info = self._vocab.vocab
+        self.eog, self.bos = info.eog, info.bos
+        buf_len = 16 * 1024
+        buf = ctypes.create_string_buffer(buf_len)
+        control = C.LLAMA_TOKEN_ATTR_CONTROL
+        user = C.LLAMA_TOKEN_ATTR_USER_DEFINED
+        self.pieces: list[bytes] = []
+        self.special: list[int] = []
+        for t in range(info.n_vocab):
+            n = C.llama_token_to_piece(vp, t, buf, buf_len, 0, True)
+            piece = buf.raw[:max(n, 0)]
+            attr = C.llama_vocab_get_attr(vp, t)
+            if attr & control or (attr & user and piece.startswith(b"<")
+                                  and piece.endswith(b">")):
+                piece = b"\xff" + piece
+                self.special.append(t)
+            self.pieces.append(piece)
+
+    def tokenize(self, text: bytes) -> list[int]:
+        """Tokens of ``text`` as the model's tokenizer splits it: no BOS, special tokens not
+        parsed."""
+        vp = self._vocab._vocab_p
+        cap = len(text) + 16
+        for _ in range(2):
+            out = (C.llama_token * cap)()
+            n = C.llama_tokenize(vp, text, len(text), out, cap, False, False)
+            if n >= 0:
+                return list(out[:n])
+            cap = -n
+        raise BackendError(f"tokenization failed for a text of {len(text)} bytes")

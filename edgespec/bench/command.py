@@ -6,8 +6,10 @@ import json
 
 from ..config import SamplingParams
 from ..shell import UsageError, add_model_args, load_engine, status
-from .prompts import PROMPT_SETS
+from ..constraints import Constraint
+from .prompts import EXTRACT_SCHEMA, PROMPT_SETS
 from .report import format_report, plot, require_pyplot
+from .load import format_load_report, run_load_bench
 from .runner import run_bench
 
 
@@ -17,8 +19,12 @@ def cmd_bench(args) -> int:
         ks = [int(k) for k in args.ks.split(",") if k]
     except ValueError:
         raise UsageError(f"--ks must be comma-separated integers, got {args.ks!r}") from None
+    if args.load < 0:
+        raise UsageError(f"--load must be a number of busy processes >= 0, not {args.load}")
     if args.plot:
         require_pyplot()  # fail before an hour of benchmarking, not after
+    # The extraction set also runs every output held to its schema, against its own baseline.
+    constraint = Constraint.json_schema(EXTRACT_SCHEMA) if args.prompts == "extract" else None
     with load_engine(args) as eng:
         raw = args.raw or eng.template.is_fallback
         prompts = PROMPT_SETS[args.prompts]
@@ -26,8 +32,15 @@ def cmd_bench(args) -> int:
         log(f"target {eng.target.path.name}, draft "
             f"{eng.draft.path.name if eng.draft else '-'}, backend {eng.info()['backend']}, "
             f"{len(prompts)} '{args.prompts}' prompts, {'raw' if raw else 'chat'} mode")
+        if args.load:
+            res = run_load_bench(eng, prompts, load=args.load, max_tokens=args.max_tokens,
+                                 raw=raw, repeats=args.repeats, peers=not args.no_peers,
+                                 log=log)
+            print(json.dumps(res) if args.json else format_load_report(res))
+            return 0
         res = run_bench(eng, prompts, max_tokens=args.max_tokens, sampling=sampling, raw=raw,
-                        ks=ks, repeats=args.repeats, peers=not args.no_peers, log=log)
+                        ks=ks, repeats=args.repeats, peers=not args.no_peers, log=log,
+                        constraint=constraint)
     if args.plot:
         plot(res, args.plot)
     print(json.dumps(res) if args.json else format_report(res))
@@ -47,7 +60,48 @@ def build_bench_parser(sub) -> None:
     p.add_argument("--raw", action="store_true", help="no chat template")
     p.add_argument("--no-peers", action="store_true",
                    help="skip llama-cpp-python's own plain and prompt-lookup decoding")
+    p.add_argument("--load", type=int, default=0, metavar="N",
+                   help="compare an idle machine with N busy processes (started and ended "
+                        "by the bench), for every thread setting, plain and speculative")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="draw speedup against draft length")
     add_model_args(p)
     p.set_defaults(func=cmd_bench)
+
+
+# ---------------------------------------------------------------------------------------------
+# edgespec calibrate
+
+
+def cmd_calibrate(args) -> int:
+    from .. import paths
+    from ..drafting import CostCache, calibrate
+    # Loaded with a pinned draft length: nothing is measured while loading.
+    with load_engine(args, adaptive=False, recalibrate=False) as eng:
+        draft = eng.draft if eng.spec.drafter not in ("ngram", "none") else None
+        cal = calibrate(eng.target, draft, head=eng.draft_head, progress=status)
+        costs = cal.costs
+        sizes = ", ".join(f"{n}: {1000 * v:.1f}" for n, v in sorted(costs.target.items()))
+        print(f"target {eng.target.path.name}, {eng.target.n_threads} threads: ms per pass by "
+              f"batch size [{sizes}]")
+        if draft is not None:
+            print(f"draft {draft.path.name}: {1000 * costs.draft:.1f} ms per token "
+                  f"({costs.draft / costs.t(1):.2f} of a target token)")
+        if cal.quiet:
+            CostCache(eng.target, draft, eng.draft_head).save(costs, "calibration")
+            print(f"kept in {paths.calibration_file()} (measured again after "
+                  "30 days, or with --recalibrate)")
+        else:
+            print(f"not kept: the machine looked busy while measuring ({cal.seconds:.1f} s); "
+                  "run `edgespec calibrate` again when it is quiet")
+    return 0
+
+
+def build_calibrate_parser(sub) -> None:
+    p = sub.add_parser("calibrate", help="measure the models' speed for the cost model, again",
+                       description="Measure what a target pass and a draft step cost on this "
+                       "machine (the cost model that picks draft lengths uses it) and keep it "
+                       "unless the machine looked busy meanwhile. Runs otherwise happen once "
+                       "per model file and setting, on first use.")
+    add_model_args(p)
+    p.set_defaults(func=cmd_calibrate)

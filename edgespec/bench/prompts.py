@@ -1,4 +1,5 @@
-"""Built-in prompt sets for ``edgespec bench`` (original texts, written for this project)."""
+"""Built-in prompt sets for ``edgespec bench`` (original texts, written for this project), and
+the schema the ``extract`` set's answers are constrained to."""
 
 from __future__ import annotations
 
@@ -35,6 +36,25 @@ also speeds up ageing, so many devices stop charging at eighty percent when they
 for a long time. Batteries that are damaged or overheated can fail, so they should be recycled \
 at a collection point rather than thrown away with household waste."""
 
+_PEOPLE = [
+    "Maria Lopez, 34, works as a nurse at the city hospital in Valencia. She moved there from "
+    "Seville in 2015 and speaks Spanish, English and a little French.",
+    "The new head of the chess club is Daniel Okafor, a 27-year-old software engineer from "
+    "Lagos who has lived in Toronto since 2019.",
+    "Our guest this week is Hannah Berg, aged 61, a retired pilot living in Tromsø. She flew "
+    "cargo routes across Norway for thirty years.",
+    "Kenji Sato (45) teaches mathematics at a secondary school in Osaka and coaches the "
+    "school's baseball team on weekends.",
+]
+
+# The JSON-extraction set's output schema: what `edgespec bench --prompts extract` constrains to.
+EXTRACT_SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                   "city": {"type": "string"}, "occupation": {"type": "string"}},
+    "required": ["name", "age", "city", "occupation"], "additionalProperties": False,
+}
+
 PROMPT_SETS: dict[str, list[str]] = {
     "default": [
         "The history of the Roman Empire",
@@ -55,6 +75,11 @@ PROMPT_SETS: dict[str, list[str]] = {
         "Write a Python class for a stack with push, pop and peek methods.",
         "Write a JavaScript function that returns the largest number in an array.",
         "Write a SQL query that counts the orders per customer in a table called orders.",
+    ],
+    "extract": [
+        "Extract the person's name, age, city and occupation from the text as a JSON object "
+        f"with the keys name, age, city and occupation.\n\nText: {t}\n\nJSON:"
+        for t in _PEOPLE
     ],
     "summarise": [
         f"Summarise this text in a few sentences, keeping the key facts and numbers:\n\n{t}"

@@ -17,7 +17,9 @@ def format_report(res: dict) -> str:
             f"{(format(r['acceptance_rate'], '.0%') if 'acceptance_rate' in r else ''):>8}"
             f"{(format(r['tokens_per_pass'], '.2f') if 'tokens_per_pass' in r else ''):>9}"
             f"{(format(r['outside_llama_share'], '.1%') if 'outside_llama_share' in r else ''):>19}"
-            f"{(format(r['draft_head_share'], '.1%') if r.get('draft_head_share') else ''):>12}")
+            f"{(format(r['draft_head_share'], '.1%') if r.get('draft_head_share') else ''):>12}"
+            + (f"  grammar {r['grammar_share']:.1%}, valid {r['valid_outputs']}"
+               if "grammar_share" in r else ""))
     c = res["costs"]
     tb = ", ".join(f"{n}: {1000 * v:.1f}" for n, v in c["target_seconds_by_batch"].items())
     lines += [

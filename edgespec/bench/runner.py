@@ -37,6 +37,9 @@ class Totals:
     seconds: float = 0.0
     llama_seconds: float = 0.0
     head_seconds: float = 0.0
+    grammar_seconds: float = 0.0
+    valid: int = 0                  # constrained outputs that completed and match the schema
+    outputs: int = 0
     drafted: int = 0
     accepted: int = 0
     passes: int = 0
@@ -50,6 +53,7 @@ class Totals:
         self.seconds += s.decode_seconds
         self.llama_seconds += s.llama_seconds
         self.head_seconds += s.head_seconds
+        self.grammar_seconds += s.grammar_seconds
         self.drafted += s.drafted
         self.accepted += s.accepted
         self.passes += s.target_passes
@@ -76,9 +80,16 @@ class Config:
     spec: Optional[SpecConfig] = None    # None: plain target decoding (or a peer)
     peer: Optional[str] = None
     k: Optional[int] = None              # pinned draft length, for the plot
+    constrained: bool = False            # the output is held to the prompt set's schema
+
+    @property
+    def baseline(self) -> str:
+        """The configuration its speedup is measured against."""
+        return "plain+schema" if self.constrained else "plain"
 
 
-def make_configs(ks: list[int], has_draft: bool, peers: bool) -> list[Config]:
+def make_configs(ks: list[int], has_draft: bool, peers: bool,
+                 constrained: bool = False) -> list[Config]:
     configs = [Config("plain")]
     if has_draft:
         configs += [Config(f"K={k}", SpecConfig("model", draft_max=k), k=k) for k in ks]
@@ -86,6 +97,9 @@ def make_configs(ks: list[int], has_draft: bool, peers: bool) -> list[Config]:
     configs.append(Config("ngram", SpecConfig("ngram")))
     if has_draft:
         configs.append(Config("hybrid", SpecConfig("hybrid")))
+    if constrained:     # the same, held to the schema: its own plain baseline
+        configs += [Config(f"{c.name}+schema", c.spec, constrained=True)
+                    for c in configs if c.name in ("plain", "adaptive", "ngram", "hybrid")]
     if peers:
         configs += [Config(PEER_PLAIN, peer="plain"), Config(PEER_LOOKUP, peer="lookup")]
     return configs
@@ -107,12 +121,14 @@ def predicted_speedup(costs, t: Totals, draft_cost: float) -> Optional[float]:
 
 def run_bench(engine, prompts: list[str], *, max_tokens: int, sampling: SamplingParams,
               raw: bool, ks: list[int], repeats: int = 1, peers: bool = True,
-              log=print) -> dict:
+              constraint=None, log=print) -> dict:
+    """``constraint``: also run plain, adaptive, n-gram and hybrid decoding with every output
+    held to it (a :class:`~edgespec.constraints.Constraint`)."""
     from ..backend.peer import LlamaCppPythonPeer
     from ..drafting import Costs, calibrate
     from ..engine import Engine
 
-    configs = make_configs(ks, engine.draft is not None, peers)
+    configs = make_configs(ks, engine.draft is not None, peers, constraint is not None)
     engines = {c.name: Engine(engine.target, engine.draft, c.spec,
                               draft_head=engine.draft_head)
                for c in configs if c.spec is not None}
@@ -126,7 +142,7 @@ def run_bench(engine, prompts: list[str], *, max_tokens: int, sampling: Sampling
         # The cost model's prediction needs costs measured on this run's machine state:
         # calibrate before and after the runs and average (a cached calibration can be days
         # old, and a shared machine's speed drifts by tens of percent).
-        before = calibrate(engine.target, engine.draft, head=engine.draft_head)
+        before = calibrate(engine.target, engine.draft, head=engine.draft_head).costs
         totals = {c.name: Totals() for c in configs}
         token_prompts = [engine.prompt_tokens(p, raw=raw) for p in prompts]
         for r in range(repeats):
@@ -139,29 +155,36 @@ def run_bench(engine, prompts: list[str], *, max_tokens: int, sampling: Sampling
                         continue
                     eng = engines.get(c.name, engine)
                     out = eng.generate(prompt, max_tokens=max_tokens, sampling=sampling,
-                                       raw=raw, speculative=c.spec is not None)
+                                       raw=raw, speculative=c.spec is not None,
+                                       constraint=constraint if c.constrained else None)
                     totals[c.name].add(out.stats)
+                    if c.constrained:
+                        totals[c.name].outputs += 1
+                        totals[c.name].valid += _valid(constraint, out)
                 log(f"  prompt {i + 1}/{len(prompts)}" + (f" (repeat {r + 1})" if repeats > 1
                                                           else "") + ": " +
                     ", ".join(f"{c.name} {totals[c.name].per_prompt[-1]:.1f}" for c in configs)
                     + " tok/s")
-        after = calibrate(engine.target, engine.draft, head=engine.draft_head)
+        after = calibrate(engine.target, engine.draft, head=engine.draft_head).costs
         costs = Costs({n: (before.target[n] + after.target[n]) / 2 for n in before.target},
                       (before.draft + after.draft) / 2)
     finally:
         for p in peer_objs.values():
             p.close()
 
-    plain = totals["plain"].tps
     rows = {}
     for c in configs:
         t = totals[c.name]
-        row = {"tokens_per_second": t.tps, "speedup": t.tps / plain if plain else 0.0,
+        base = totals[c.baseline].tps
+        row = {"tokens_per_second": t.tps, "speedup": t.tps / base if base else 0.0,
                "tokens": t.tokens}
-        if c.spec is not None or c.name == "plain":
+        if c.spec is not None or c.name.startswith("plain"):
             row["outside_llama_share"] = 1 - t.llama_seconds / t.seconds if t.seconds else 0
             # of which the draft's reduced output layer (model compute done in numpy)
             row["draft_head_share"] = t.head_seconds / t.seconds if t.seconds else 0
+        if c.constrained:
+            row["grammar_share"] = t.grammar_seconds / t.seconds if t.seconds else 0
+            row["valid_outputs"] = f"{t.valid}/{t.outputs}"
         if c.spec is not None:
             draft_cost = (costs.draft if c.spec.drafter == "model" else
                           t.draft_seconds / t.drafted if t.drafted else 0.0)
@@ -186,3 +209,14 @@ def run_bench(engine, prompts: list[str], *, max_tokens: int, sampling: Sampling
         "model_files_mib": sum(Path(m.path).stat().st_size for m in
                                (engine.target, engine.draft) if m) / 2**20,
     }
+
+
+def _valid(constraint, out) -> bool:
+    """Whether a constrained output completed and its value matches the constraint."""
+    if out.finish_reason != "stop":
+        return False
+    try:
+        constraint.parse(out.text)
+    except Exception:   # noqa: BLE001 - any failure counts as invalid
+        return False
+    return True

@@ -9,21 +9,23 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import replace
+from typing import Callable, Optional
 
-from ..config import SpecConfig
+from ..config import SamplingParams, SpecConfig
+from ..errors import InvalidParameterError
 from ..lm import LanguageModel
 from .base import Draft, Drafter
-from .costs import Costs, calibrate, calibrate_cached
+from .costs import CostCache, Costs, calibrate, calibrate_cached
 from .hybrid import HybridDrafter
 from .model import ModelDrafter
 from .ngram import NgramDrafter
 from .policy import AdaptiveLength, FixedLength, LengthPolicy
 from .reduced_head import HEAD_MIN_VOCAB, ReducedHead
 
-__all__ = ["Draft", "Drafter", "Costs", "calibrate", "calibrate_cached", "HybridDrafter",
+__all__ = ["Draft", "Drafter", "CostCache", "Costs", "calibrate", "calibrate_cached", "HybridDrafter",
            "ModelDrafter", "NgramDrafter", "AdaptiveLength", "FixedLength", "LengthPolicy",
-           "HEAD_MIN_VOCAB", "ReducedHead", "make_drafter"]
+           "HEAD_MIN_VOCAB", "ReducedHead", "make_drafter", "Drafters"]
 
 
 def make_drafter(spec: SpecConfig, *, costs: Optional[Costs], k_max: int, pinned: bool = False,
@@ -49,3 +51,69 @@ def make_drafter(spec: SpecConfig, *, costs: Optional[Costs], k_max: int, pinned
         return HybridDrafter(model_drafter(),
                              NgramDrafter(policy(costs.free() if costs is not None else None)))
     return None
+
+
+class Drafters:
+    """An Engine's drafters, one per kind of sampling, built on first use. Acceptance differs
+    between greedy and sampled decoding, so each learns its own draft lengths (the measured
+    costs are shared); a seeded sample must be reproducible while the adaptive length follows
+    measured speed, so a seeded sampled request drafts a fixed length."""
+
+    # Refined costs are kept for the next session once this many target passes refined them.
+    SAVE_AFTER = 64
+
+    def __init__(self, spec: SpecConfig, target, draft, head: Optional[ReducedHead] = None, *,
+                 recalibrate: bool = False, progress: Callable[[str], None] = lambda s: None):
+        self.spec, self.target, self.draft, self.head = spec, target, draft, head
+        self.costs: Optional[Costs] = None
+        self._by_kind: dict = {}
+        self._recalibrate, self._progress = recalibrate, progress
+        if spec.is_adaptive and spec.drafter != "none":
+            self._calibrate()
+
+    def _measured_draft(self):
+        # An n-gram drafter costs microseconds, whatever the draft model would cost.
+        return self.draft if self.spec.drafter != "ngram" else None
+
+    def _calibrate(self) -> None:
+        self.costs = calibrate_cached(self.target, self._measured_draft(), head=self.head,
+                                      force=self._recalibrate, progress=self._progress)
+
+    def save_refined(self) -> None:
+        """Keep the costs as decoding refined them (a calibration taken while the machine was
+        busy heals: the next session starts from these)."""
+        if self.costs is not None and self.costs.observed >= self.SAVE_AFTER:
+            CostCache(self.target, self._measured_draft(), self.head).save(self.costs,
+                                                                           "refined")
+
+    def for_sampling(self, sampling: SamplingParams) -> Optional[Drafter]:
+        spec = self.spec
+        if spec.drafter == "none":
+            return None
+        pinned = sampling.seed is not None and not sampling.greedy
+        kind = ("fixed" if pinned or not spec.is_adaptive else
+                "greedy" if sampling.greedy else "sampled")
+        if kind not in self._by_kind:
+            if kind != "fixed" and self.costs is None:
+                self._calibrate()
+            self._by_kind[kind] = make_drafter(
+                spec, costs=self.costs, k_max=min(spec.k_max, self.target.n_outputs_max - 1),
+                pinned=pinned, draft_model=self.draft, eog=self.target.vocab.eog,
+                head=self.head)
+        return self._by_kind[kind]
+
+    def set_draft_max(self, draft_max: Optional[int]) -> None:
+        """See :meth:`edgespec.engine.Engine.set_draft_max`."""
+        if self.spec.drafter == "none":
+            raise InvalidParameterError("draft_max", draft_max,
+                                        "unused: this Engine has no drafter (load it with a "
+                                        "draft model or drafter='ngram')")
+        spec = replace(self.spec, draft_max=draft_max)
+        limit = self.target.n_outputs_max - 1
+        if spec.most_drafts > limit:
+            raise InvalidParameterError(
+                "draft_max", draft_max, f"at most {limit} for this Engine (its target was "
+                f"loaded to verify {limit} drafts per pass; load it with draft_max="
+                f"{draft_max}, --draft-max {draft_max} on the command line, for longer drafts)")
+        self.spec = spec
+        self._by_kind.clear()

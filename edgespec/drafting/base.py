@@ -11,12 +11,15 @@ it got back, and nothing is read back from a drafter after a call.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Protocol, Sequence
 
 import numpy as np
 
 from ..config import SamplingParams
 from ..sampling import Dist
+
+if TYPE_CHECKING:
+    from ..constraints import GrammarState
 
 
 @dataclass
@@ -26,9 +29,9 @@ class Draft:
     ``confidences`` (the draft's top probability at each step, None where not measured) and
     ``step_seconds`` (each single-token draft step) feed the length policy; ``seconds`` is the
     whole call. ``source`` says who drafted: ``"model"``, ``"ngram"``, or ``"none"`` when the
-    drafter chose a plain round. ``extended``: how many trailing tokens continue an n-gram
-    match found while the model drafted (proposed with one-hot q, not chosen by the model's
-    policy).
+    drafter chose a plain round. ``free`` marks the tokens that cost no draft step and that
+    the drafter's length policy did not choose (one-hot q): tokens a grammar forced, and an
+    n-gram continuation found while the model drafted (``extended`` counts those).
     """
 
     x: list[int] = field(default_factory=list)
@@ -37,23 +40,60 @@ class Draft:
     step_seconds: list[float] = field(default_factory=list)
     source: str = "none"
     seconds: float = 0.0
+    free: list[bool] = field(default_factory=list)
     extended: int = 0
 
     def __post_init__(self) -> None:
         assert len(self.x) == len(self.q) == len(self.confidences), "one q and confidence per x"
+        self.free += [False] * (len(self.x) - len(self.free))
+
+    def add(self, tokens: Sequence[int], free: bool = True) -> None:
+        """Append tokens proposed with certainty (one-hot q)."""
+        self.x.extend(tokens)
+        self.q.extend(Dist.one_hot(t) for t in tokens)
+        self.confidences.extend([None] * len(tokens))
+        self.free.extend([free] * len(tokens))
+
+    def after(self, forced: list[int]) -> "Draft":
+        """This draft behind ``forced`` tokens (a grammar's)."""
+        d = Draft(source=self.source, seconds=self.seconds, step_seconds=self.step_seconds,
+                  extended=self.extended)
+        d.add(forced)
+        d.x += self.x
+        d.q += self.q
+        d.confidences += self.confidences
+        d.free += self.free
+        return d
+
+    def own(self, n_accepted: int) -> tuple[int, int, list[Optional[float]]]:
+        """(k, n, confidences) of the tokens the drafter's policy chose: how many it drafted,
+        how many of them the target accepted (the first ``n`` of them: a prefix), their
+        confidences. When the first rejected token was a free one, the policy's next token
+        was never checked, so it is not counted as drafted."""
+        mine = [i for i, f in enumerate(self.free) if not f]
+        n = sum(1 for i in mine if i < n_accepted)
+        k = len(mine)
+        if n < k and n_accepted < len(self.x) and self.free[n_accepted]:
+            k = n
+        return k, n, [self.confidences[i] for i in mine[:k]]
 
 
 class Drafter(Protocol):
     """What the speculative loop needs from a source of draft tokens."""
 
     def plan(self) -> int:
-        """Most tokens worth drafting this round (0: decode it plainly)."""
+        """How many tokens of its own are worth drafting this round (0: decode it
+        plainly). Called once per round, before :meth:`draft`."""
 
     def draft(self, context: Sequence[int], k_max: int, params: SamplingParams,
-              rng: np.random.Generator, should_stop: Callable[[], bool]) -> Draft:
+              rng: np.random.Generator, should_stop: Callable[[], bool],
+              constraint: Optional["GrammarState"] = None) -> Draft:
         """Propose at most ``k_max`` tokens after ``context`` (the committed tokens), drawn
-        with the same warp as the target's (``params``). ``should_stop`` is polled before each
-        draft step: when it is true the draft ends there."""
+        with the same warp as the target's (``params``): at most as many of its own as
+        :meth:`plan` said, free ones (``Draft.free``) on top. ``should_stop`` is polled before each
+        draft step: when it is true the draft ends there. With a grammar ``constraint`` every
+        token is drawn from q masked to the tokens the grammar allows, and the constraint is
+        left advanced through the proposed tokens (the loop rolls it back)."""
 
     def observe(self, draft: Draft, n_accepted: int, verify_seconds: float) -> None:
         """The verify pass of ``draft`` (or of a plain round, when ``draft.x`` is empty)

@@ -9,10 +9,11 @@ describes the machine's work.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -32,6 +33,7 @@ class Costs:
     target: dict[int, float]
     draft: float
     ema: float = 0.05
+    observed: int = 0       # target passes measured since these costs were made
 
     def __post_init__(self) -> None:
         self._table()
@@ -59,6 +61,7 @@ class Costs:
         return old + ema * (min(max(seconds, 0.5 * old), 1.5 * old) - old)
 
     def observe_target(self, n: int, seconds: float) -> None:
+        self.observed += 1
         old = self.t(n)
         new = self._blend(old, seconds, self.ema)
         if n == 1:
@@ -80,18 +83,42 @@ class Costs:
         return Costs(dict(self.target), FREE_DRAFT)
 
 
+# Calibration stops measuring larger batches past this many seconds (a busy machine) and
+# extends the curve from what it has; such a measurement is used but not kept.
+CALIBRATION_BUDGET = 6.0
+# Two measurements of one step differing by more than this say the machine was busy.
+STEADY = 1.3
+CACHE_DAYS = 30         # a kept calibration is measured again after this long
+
+
+@dataclass
+class Calibration:
+    """What :func:`calibrate` measured, and whether the machine looked quiet meanwhile."""
+
+    costs: Costs
+    quiet: bool
+    seconds: float
+
+
 def calibrate(target: LanguageModel, draft: Optional[LanguageModel],
               sizes: Sequence[int] = (1, 2, 4, 8, 16, 33), reps: int = 2,
-              head: Optional[ReducedHead] = None) -> Costs:
+              head: Optional[ReducedHead] = None,
+              progress: Callable[[str], None] = lambda s: None) -> Calibration:
     """Measure the target's seconds per batch of n tokens and the draft's per token (through
     ``head`` when the draft uses a reduced output layer).
 
-    Uses the models' caches after their current contents and restores them afterwards.
+    Each step is measured ``reps`` times (the fastest counts) and the first size once more at
+    the end: steps that disagree by more than ``STEADY``, or a budget overrun, mark the
+    machine busy (``quiet=False``). Uses the models' caches after their current contents and
+    restores them afterwards.
     """
+    t_start = time.perf_counter()
+    spread = [1.0]
+
     def timed(model: LanguageModel, n: int) -> float:
         base = len(model.tokens)
         tok = model.vocab.bos if model.vocab.bos >= 0 else 0
-        best = float("inf")
+        times = []
         for _ in range(reps):
             t0 = time.perf_counter()
             if model is draft and head is not None:
@@ -100,19 +127,32 @@ def calibrate(target: LanguageModel, draft: Optional[LanguageModel],
                     head.subset_logits(hidden)     # what a greedy draft step computes
             else:
                 model.eval([tok] * n, min(n, model.n_outputs_max))
-            best = min(best, time.perf_counter() - t0)
+            times.append(time.perf_counter() - t0)
             model.truncate(base)
-        return best
+        spread.append(max(times) / min(times))
+        return min(times)
 
     sizes = [n for n in sizes if n <= min(target.n_outputs_max, target.n_batch)]
+    progress("measuring the models' speed (once per model and setting)…")
     # Untimed warm-up: the first passes after a load fault in the mapped weights and set up
     # llama.cpp's buffers, and run a third slower (docs/decisions.md).
     for model in (target, draft):
         if model is not None:
             timed(model, max(sizes) if model is target else 1)
-    target_costs = {n: timed(target, n) for n in sizes}
+    spread[:] = [1.0]
+    target_costs = {}
+    for n in sizes:
+        target_costs[n] = timed(target, n)
+        if time.perf_counter() - t_start > CALIBRATION_BUDGET and len(target_costs) >= 2:
+            progress("the machine is busy: measuring less, and not keeping it")
+            break
     draft_cost = timed(draft, 1) if draft is not None else FREE_DRAFT
-    return Costs(target_costs, draft_cost)
+    again = timed(target, sizes[0])
+    elapsed = time.perf_counter() - t_start
+    quiet = (max(spread) <= STEADY and elapsed <= CALIBRATION_BUDGET
+             and max(again, target_costs[sizes[0]]) <= STEADY * min(again,
+                                                                   target_costs[sizes[0]]))
+    return Calibration(Costs(target_costs, draft_cost), quiet, elapsed)
 
 
 def _fingerprint(model: HiddenStateModel) -> str:
@@ -122,10 +162,12 @@ def _fingerprint(model: HiddenStateModel) -> str:
            f"ngl{c.n_gpu_layers}"
 
 
-def _current(key: str) -> bool:
-    """Whether a calibration entry still describes files on this machine: entries for deleted
-    or rewritten files (a removed model, a test's temporary copy) and for an older key format
-    are dropped when the cache is next written, so that it does not grow without end."""
+def _current(key: str, entry) -> bool:
+    """Whether a calibration entry still describes files on this machine and is recent: entries
+    for deleted or rewritten files (a removed model, a test's temporary copy), for an older key
+    format and older than CACHE_DAYS are dropped when the cache is next written."""
+    if not isinstance(entry, dict) or time.time() - entry.get("saved", 0) > CACHE_DAYS * 86400:
+        return False
     for part in key.split("||"):
         if part == "-" or part.startswith("head"):
             continue
@@ -141,31 +183,60 @@ def _current(key: str) -> bool:
     return True
 
 
-def calibrate_cached(target, draft, head: Optional[ReducedHead] = None) -> Costs:
-    """:func:`calibrate`, remembered per model file, threads and offload in the user's cache
-    directory so that only the first load of a pair on a machine pays for it (~1 s).
+class CostCache:
+    """Measured costs on disk (``paths.calibration_file()``), one entry per pair of model
+    files, thread count and offload. A measurement taken on a busy machine is used but not
+    kept; costs refined while decoding are kept (:meth:`save`), so a poor start heals."""
 
-    ``target``/``draft``: loaded models with ``path`` and ``config`` (a
+    def __init__(self, target, draft, head: Optional[ReducedHead] = None):
+        self.path = paths.calibration_file()
+        self.key = _fingerprint(target) + "||" + (_fingerprint(draft) if draft is not None
+                                                  else "-")
+        if head is not None:
+            self.key += f"||head{HEAD_ROWS}"
+
+    def _read(self) -> dict:
+        try:
+            saved = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return saved if isinstance(saved, dict) else {}
+
+    def load(self) -> Optional[Costs]:
+        entry = self._read().get(self.key)
+        if not _current(self.key, entry) or "target" not in entry or "draft" not in entry:
+            return None
+        try:
+            return Costs({int(n): float(v) for n, v in entry["target"].items()},
+                         float(entry["draft"]))
+        except (TypeError, ValueError, AttributeError):
+            return None
+
+    def save(self, costs: Costs, source: str) -> None:
+        saved = {k: v for k, v in self._read().items() if _current(k, v)}
+        saved[self.key] = {"target": costs.target, "draft": costs.draft, "saved": time.time(),
+                           "source": source}
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(saved, indent=1))
+            tmp.replace(self.path)
+        except OSError:
+            pass  # a read-only home only costs a recalibration next time
+
+
+def calibrate_cached(target, draft, head: Optional[ReducedHead] = None, *,
+                     force: bool = False,
+                     progress: Callable[[str], None] = lambda s: None) -> Costs:
+    """:func:`calibrate`, remembered per model file, threads and offload in the user's cache
+    directory so that only the first load of a pair on a machine pays for it (~1 s), unless
+    ``force``. ``target``/``draft``: loaded models with ``path`` and ``config`` (a
     :class:`~edgespec.backend.LlamaModel`)."""
-    path = paths.calibration_file()
-    key = _fingerprint(target) + "||" + (_fingerprint(draft) if draft is not None else "-")
-    if head is not None:
-        key += f"||head{HEAD_ROWS}"
-    try:
-        saved = json.loads(path.read_text())
-    except (OSError, ValueError):
-        saved = {}
-    entry = saved.get(key)
-    if isinstance(entry, dict) and "target" in entry and "draft" in entry:
-        return Costs({int(n): float(v) for n, v in entry["target"].items()}, float(entry["draft"]))
-    costs = calibrate(target, draft, head=head)
-    saved = {k: v for k, v in saved.items() if _current(k)}
-    saved[key] = {"target": costs.target, "draft": costs.draft}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(saved, indent=1))
-        tmp.replace(path)
-    except OSError:
-        pass  # a read-only home only costs a recalibration next time
-    return Costs(dict(costs.target), costs.draft)
+    cache = CostCache(target, draft, head)
+    costs = None if force else cache.load()
+    if costs is not None:
+        return costs
+    cal = calibrate(target, draft, head=head, progress=progress)
+    if cal.quiet:
+        cache.save(cal.costs, "calibration")
+    return Costs(dict(cal.costs.target), cal.costs.draft)

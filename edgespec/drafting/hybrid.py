@@ -4,7 +4,7 @@ draft model, each source with a length policy of its own."""
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -12,6 +12,9 @@ from ..config import SamplingParams
 from .base import Draft
 from .model import Extender, ModelDrafter
 from .ngram import NgramDrafter, lookup
+
+if TYPE_CHECKING:
+    from ..constraints import GrammarState
 
 
 class HybridDrafter:
@@ -45,13 +48,14 @@ class HybridDrafter:
         return max(self._planned)
 
     def draft(self, context: Sequence[int], k_max: int, params: SamplingParams,
-              rng: np.random.Generator, should_stop: Callable[[], bool]) -> Draft:
+              rng: np.random.Generator, should_stop: Callable[[], bool],
+              constraint: Optional["GrammarState"] = None) -> Draft:
         """Up to ``k_max`` tokens (the loop's bound: budget, context, batch), each source
         capped further by its own plan."""
         t0 = time.perf_counter()
         k_model, k_ngram = (min(k_max, k) for k in self._planned)
-        d = self.ngram.draft(context, k_ngram, params, rng, should_stop) if k_ngram > 0 \
-            else None
+        d = self.ngram.draft(context, k_ngram, params, rng, should_stop, constraint) \
+            if k_ngram > 0 else None
         if d is not None and d.x:
             self._match_found(len(context))
         else:
@@ -60,7 +64,7 @@ class HybridDrafter:
             if not self._catch_up_pays(context):
                 d = Draft()         # a plain round for both sources
             elif k_model > 0:
-                d = self.model.draft(context, k_model, params, rng, should_stop,
+                d = self.model.draft(context, k_max, params, rng, should_stop, constraint,
                                      extend=self._extender(context, k_max))
             else:
                 d = Draft(source="model")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -13,6 +13,9 @@ from ..sampling import Dist, warp
 from .base import Draft
 from .policy import LengthPolicy
 from .reduced_head import ReducedHead
+
+if TYPE_CHECKING:
+    from ..constraints import GrammarState
 
 # Logits this far below the maximum change a probability by less than e^-16 each; ignoring
 # them makes the confidence check ~5× cheaper on a 262k-entry row.
@@ -47,18 +50,22 @@ class ModelDrafter:
         # Seconds per token to bring the cache up to the context after others committed
         # tokens it has not seen (n-gram rounds); None until measured on a batch of 4+.
         self.catch_up_cost: Optional[float] = None
+        self._planned = 0       # this round's plan
 
     # -- the contract ---------------------------------------------------------------------
 
     def plan(self) -> int:
-        return self.policy.plan()
+        self._planned = self.policy.plan()
+        return self._planned
 
     def draft(self, context: Sequence[int], k_max: int, params: SamplingParams,
               rng: np.random.Generator, should_stop: Callable[[], bool],
+              constraint: Optional["GrammarState"] = None,
               extend: Optional[Extender] = None) -> Draft:
-        """Draft up to ``k_max`` tokens. ``extend(x)``, asked after each drawn token, may
+        """Draft up to ``k_max`` tokens, at most as many drawn from the model as :meth:`plan`
+        said. ``extend(x)``, asked after each drawn token but the last planned one, may
         return tokens that continue ``x`` (an n-gram match): they end the draft with one-hot
-        q and are counted in ``Draft.extended``. The extender bounds their number."""
+        q and are counted in ``Draft.extended``; the extender bounds their number."""
         t0 = time.perf_counter()
         m = self.model
         n_cached = len(m.tokens)
@@ -71,46 +78,67 @@ class ModelDrafter:
         need_conf = self.policy.needs_confidence
         plain_greedy = params.greedy and not params.uses_penalty
         tail = list(context[-params.repeat_last_n:]) if params.uses_penalty else []
-        for i in range(k_max):
+        own_max = min(k_max, self._planned)     # the policy's tokens; free ones come on top
+        drawn = 0
+        while drawn < own_max:
+            allowed = None
+            if constraint is not None:      # q is masked exactly as the target's p will be
+                allowed = constraint.mask()
+                allowed = allowed if ids is None else allowed[ids]
+                if not allowed.any():       # no allowed token in the draft's vocabulary
+                    break
+                vals = np.where(allowed, vals, np.float32(-np.inf))
             # The stop decision uses only this position's distribution (policy.py).
             if plain_greedy:
                 j = int(np.argmax(vals))
                 q_i = Dist.one_hot(j if ids is None else int(ids[j]))
                 confidence = top_probability(vals) if need_conf else None
             else:
-                q_i = self._warp(ids, vals, params, tail)
+                q_i = self._warp(ids, vals, params, tail, allowed)
                 confidence = ((top_probability(vals) if params.greedy else
                                float(q_i.probs.max())) if need_conf else None)
-            if should_stop() or not self.policy.keep_drafting(i, confidence):
+            if should_stop() or not self.policy.keep_drafting(drawn, confidence):
                 break
             x_i = q_i.sample(rng)
             d.x.append(x_i)
             d.q.append(q_i)
             d.confidences.append(confidence)
-            if x_i in self.eog or i == k_max - 1:
+            d.free.append(False)
+            drawn += 1
+            if constraint is not None:
+                constraint.consume([x_i])
+            if x_i in self.eog or len(d.x) == k_max:
                 break
-            more = extend(d.x) if extend is not None else []
+            more = extend(d.x) if extend is not None and drawn < own_max else []
+            if more and constraint is not None:
+                more = more[:constraint.consume(more)]
             if more:
                 # The continuation is a function of the tokens drawn so far: a one-hot q
                 # for each keeps rejection sampling exact.
-                d.x.extend(more)
-                d.q.extend(Dist.one_hot(t) for t in more)
-                d.confidences.extend([None] * len(more))
+                d.add(more)
                 d.extended = len(more)
                 break
+            # Tokens the grammar forces next are drafted for free (one-hot q) and evaluated
+            # with x_i in one step.
+            forced = constraint.forced()[:k_max - len(d.x)] if constraint is not None else []
+            forced = forced[:constraint.consume(forced)] if forced else []
+            d.add(forced)
+            if drawn == own_max or len(d.x) == k_max or self.eog.intersection(forced):
+                break
             if tail:
-                tail.append(x_i)
+                tail += [x_i, *forced]
             ts = time.perf_counter()
-            ids, vals = self._step([x_i])
-            d.step_seconds.append(time.perf_counter() - ts)
+            ids, vals = self._step([x_i, *forced])
+            if not forced:      # the cost model's draft cost is a one-token step's
+                d.step_seconds.append(time.perf_counter() - ts)
         d.seconds = time.perf_counter() - t0
         return d
 
     def observe(self, draft: Draft, n_accepted: int, verify_seconds: float) -> None:
-        # The policy learns from the tokens it chose; an n-gram continuation is not one.
-        k = len(draft.x) - draft.extended
-        self.policy.observe(k, min(n_accepted, k), draft.confidences[:k], draft.step_seconds,
-                            verify_seconds, k_verified=len(draft.x))
+        # The policy learns from the tokens it chose, not from forced or n-gram ones.
+        k, n, confidences = draft.own(n_accepted)
+        self.policy.observe(k, n, confidences, draft.step_seconds, verify_seconds,
+                            k_verified=len(draft.x))
 
     def rollback(self, n_keep: int) -> None:
         self.model.truncate(n_keep)
@@ -148,13 +176,19 @@ class ModelDrafter:
         return self.head.subset_logits(hidden)
 
     def _warp(self, ids: Optional[np.ndarray], vals: np.ndarray, params: SamplingParams,
-              tail: list[int]) -> Dist:
-        """q for sampling. On the reduced head's subset the samplers see only its logits
+              tail: list[int], allowed: Optional[np.ndarray] = None) -> Dist:
+        """q for sampling (``vals`` already masked to ``allowed``, the grammar's tokens in
+        the same index space). On the reduced head's subset the samplers see only its logits
         (the -inf rest can never be drawn, so q is the same); penalties index the whole
         vocabulary and get the full row."""
         if ids is None:
             return warp(vals, params, tail)
         if tail:
-            return warp(self.head.last_row(), params, tail)
+            row = self.head.last_row()
+            if allowed is not None:
+                keep = np.zeros(row.shape[0], dtype=bool)
+                keep[ids[allowed]] = True
+                row[~keep] = -np.inf
+            return warp(row, params, tail)
         d = warp(vals, params)
         return Dist(ids[d.ids] if d.ids is not None else ids.copy(), d.probs)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -11,6 +11,9 @@ from ..config import SamplingParams
 from ..sampling import Dist
 from .base import Draft
 from .policy import LengthPolicy
+
+if TYPE_CHECKING:
+    from ..constraints import GrammarState
 
 
 def lookup(context: Sequence[int], k: int, ngram_min: int, ngram_max: int,
@@ -47,25 +50,32 @@ class NgramDrafter:
                  window: int = 4096):
         self.policy = policy
         self.ngram_min, self.ngram_max, self.window = ngram_min, ngram_max, window
+        self._planned = 0       # this round's plan
 
     def plan(self) -> int:
-        return self.policy.plan()
+        self._planned = self.policy.plan()
+        return self._planned
 
     def draft(self, context: Sequence[int], k_max: int, params: SamplingParams,
-              rng: np.random.Generator, should_stop: Callable[[], bool]) -> Draft:
+              rng: np.random.Generator, should_stop: Callable[[], bool],
+              constraint: Optional["GrammarState"] = None) -> Draft:
         t0 = time.perf_counter()
-        x, n = lookup(context, k_max, self.ngram_min, self.ngram_max, self.window)
+        x, n = lookup(context, min(k_max, self._planned), self.ngram_min, self.ngram_max,
+                      self.window)
         confidence = n / self.ngram_max if self.policy.needs_confidence else None
         for i in range(len(x)):
             if should_stop() or not self.policy.keep_drafting(i, confidence):
                 del x[i:]
                 break
+        if constraint is not None:      # only what the grammar allows, in order
+            del x[constraint.consume(x):]
         return Draft(x, [Dist.one_hot(t) for t in x], [confidence] * len(x), source="ngram",
                      seconds=time.perf_counter() - t0)
 
     def observe(self, draft: Draft, n_accepted: int, verify_seconds: float) -> None:
-        self.policy.observe(len(draft.x), n_accepted, draft.confidences, draft.step_seconds,
-                            verify_seconds)
+        k, n, confidences = draft.own(n_accepted)
+        self.policy.observe(k, n, confidences, draft.step_seconds, verify_seconds,
+                            k_verified=len(draft.x))
 
     def rollback(self, n_keep: int) -> None:
         pass

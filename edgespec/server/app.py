@@ -32,9 +32,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..errors import (ContextOverflowError, EdgespecError, EngineClosedError,
+from ..errors import (ConstraintError, ContextOverflowError, EdgespecError, EngineClosedError,
                       InvalidParameterError, PromptTooLargeError, TemplateError, TemplateRefused)
-from .protocol import APIError, GenerationRequest, Reply, parse_chat, parse_completion
+from .protocol import APIError, GenerationRequest, parse_chat, parse_completion
+from .replies import Reply
 
 log = logging.getLogger(__name__)
 
@@ -171,8 +172,11 @@ class Server:
     def _start(self, req: GenerationRequest):
         """Tokenize and queue (in a worker thread: chat templates and long prompts take time)."""
         try:
-            return self.engine.astream(req.prompt, max_tokens=req.max_tokens,
-                                       sampling=req.sampling, raw=req.raw, stop=req.stop)
+            return self.engine.astream(
+                req.prompt, max_tokens=req.max_tokens, sampling=req.sampling, raw=req.raw,
+                stop=req.stop, constraint=req.constraint, tools=req.tools,
+                tool_choice=req.tool_choice, logprobs=req.logprobs,
+                parallel_tool_calls=req.parallel_tool_calls)
         except ContextOverflowError as e:
             raise APIError(400, str(e), param="messages" if req.kind == "chat" else "prompt",
                            code="context_length_exceeded") from None
@@ -183,6 +187,8 @@ class Server:
         except TemplateError as e:
             raise APIError(400, f"the chat template cannot render these messages ({e})",
                            param="messages", code="invalid_value") from None
+        except ConstraintError as e:
+            raise APIError(400, str(e), param="messages", code="invalid_value") from None
         except EngineClosedError as e:
             raise APIError(503, str(e), type="server_error", code="shutting_down") from None
 
@@ -190,7 +196,7 @@ class Server:
         gen = await run_in_threadpool(self._start, req)
         reply = Reply(req.kind, self.model_id)
         if req.stream:
-            return StreamingResponse(self._events(gen, reply, req.include_usage),
+            return StreamingResponse(self._events(gen, reply, req),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache",
                                               "X-Accel-Buffering": "no"})
@@ -198,7 +204,7 @@ class Server:
         if result.finish_reason == "cancelled":
             raise APIError(503, "the generation was cancelled: the server is shutting down",
                            type="server_error", code="cancelled")
-        return JSONResponse(reply.response(result))
+        return JSONResponse(reply.response(result, self.engine.target.token_bytes))
 
     async def _collect(self, request: Request, gen, reply: Reply):
         """Run a whole generation, cancelling it if the client goes away meanwhile."""
@@ -219,18 +225,36 @@ class Server:
         _log_result(reply, gen.result)
         return gen.result
 
-    async def _events(self, gen, reply: Reply, include_usage: bool) -> AsyncIterator[bytes]:
+    async def _events(self, gen, reply: Reply, req: GenerationRequest) -> AsyncIterator[bytes]:
         """Server-sent events framed as OpenAI's: one id; the role in the first delta only;
         finish_reason in the last chunk; the usage chunk if asked; ``data: [DONE]``. A failure
         ends the stream with an error event instead. Starlette cancels this when the client
-        disconnects, and the ``finally`` cancels the generation."""
+        disconnects, and the ``finally`` cancels the generation.
+
+        A request that may call tools streams its answer once it is complete: the raw output
+        is the call's JSON, and what it means (content, or ``tool_calls`` deltas) is known
+        only at its end."""
+        include_usage = req.include_usage
+        spell = self.engine.target.token_bytes
+        hold = bool(req.tools) and req.tool_choice != "none"
         finished = False
         try:
             yield sse(reply.chunk("", first=True, include_usage=include_usage))
             async for event in gen:
-                if event.text:
-                    yield sse(reply.chunk(event.text, include_usage=include_usage))
+                if hold:
+                    continue
+                lp = reply.logprobs([event.logprob], spell) if event.logprob else None
+                if event.text or lp:
+                    yield sse(reply.chunk(event.text, include_usage=include_usage,
+                                          logprobs=lp))
             result = gen.result
+            if hold and result.finish_reason != "cancelled":
+                if result.text:
+                    yield sse(reply.chunk(result.text, include_usage=include_usage,
+                                          logprobs=reply.logprobs(result.logprobs, spell)))
+                if result.tool_calls:
+                    yield sse(reply.chunk(None, include_usage=include_usage,
+                                          tool_calls=result.tool_calls))
             _log_result(reply, result)
             if result.finish_reason == "cancelled":
                 yield sse(APIError(503, "the generation was cancelled: the server is shutting "

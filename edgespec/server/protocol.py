@@ -8,22 +8,24 @@ can turn into a 422 or a 500. Messages reuse the engine's wording
 be …``.
 
 Fields follow OpenAI's chat completions and (legacy) completions APIs, plus llama.cpp's
-sampling extensions ``top_k``, ``min_p`` and ``repeat_penalty``. Sampling settings a request
+sampling extensions ``top_k``, ``min_p`` and ``repeat_penalty``: structured output
+(``response_format``: ``json_object``, ``json_schema``), ``tools`` / ``tool_choice``, and
+``logprobs`` / ``top_logprobs`` (read from the target's own rows). Sampling settings a request
 leaves out keep edgespec's defaults (llama.cpp's). Features edgespec does not have (several
-choices, log-probabilities, tools, JSON mode) are refused by name rather than ignored; fields
-that only label a request (``user``, ``metadata`` …) are accepted and ignored; any other field
-is refused as unknown.
+choices, logit bias, fill-in-the-middle) are refused by name rather than ignored; fields that
+only label a request (``user``, ``metadata`` …) are accepted and ignored; any other field is
+refused as unknown.
 """
 
 from __future__ import annotations
 
-import time
-import uuid
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 from ..config import SamplingParams
-from ..errors import InvalidParameterError
+from ..constraints import Constraint
+from ..errors import ConstraintError, InvalidParameterError
+from ..tools import Tool, parse_choice, parse_tools
 
 TEMPERATURE_MAX = 2.0          # OpenAI's range; the engine itself allows more
 MAX_STOP_STRINGS = 4
@@ -39,10 +41,11 @@ _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "presen
              "frequency_penalty", "seed")
 _COMMON = {"model", "max_tokens", "n", "stream", "stream_options", "stop", "logprobs",
            "logit_bias", "user", *_SAMPLING}
-_IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}
+_IGNORED = {"user", "metadata", "store", "service_tier"}
 CHAT_FIELDS = _COMMON | _IGNORED | {"messages", "max_completion_tokens", "top_logprobs",
-                                    "tools", "tool_choice", "functions", "function_call",
-                                    "response_format"}
+                                    "tools", "tool_choice", "parallel_tool_calls", "functions",
+                                    "function_call", "response_format"}
+MAX_TOP_LOGPROBS = 20           # OpenAI's bound (5 on /v1/completions)
 COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "best_of", "suffix"}
 
 
@@ -81,6 +84,11 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     model: Optional[str]
+    constraint: Optional[Constraint] = None
+    tools: Optional[list[Tool]] = None
+    tool_choice: Optional[str] = None
+    logprobs: Optional[int] = None           # alternatives per token; None: not asked for
+    parallel_tool_calls: bool = False
 
     @property
     def raw(self) -> bool:
@@ -125,21 +133,71 @@ def _refuse_features(body: dict) -> None:
         raise unsupported("echo", "the prompt is not repeated in the output")
     if body.get("suffix") not in (None, ""):
         raise unsupported("suffix", "edgespec does not fill in the middle")
-    if body.get("logprobs") not in (None, False):
-        raise unsupported("logprobs", "log-probabilities are not reported")
-    if body.get("top_logprobs") is not None:
-        raise unsupported("top_logprobs", "log-probabilities are not reported")
     if body.get("logit_bias") not in (None, {}):
         raise unsupported("logit_bias", "it would change the target's distribution")
-    for name in ("tools", "functions"):
-        if body.get(name) not in (None, []):
-            raise unsupported(name, "tool calling is not available")
-    for name in ("tool_choice", "function_call"):
-        if body.get(name) not in (None, "none", "auto"):
-            raise unsupported(name, "tool calling is not available")
+    for name, instead in (("functions", "tools"), ("function_call", "tool_choice")):
+        if body.get(name) is not None:
+            raise unsupported(name, f"it is OpenAI's deprecated form of {instead}: send "
+                              f"{instead} instead")
+
+
+def _constraint(body: dict) -> Optional[Constraint]:
     fmt = body.get("response_format")
-    if fmt is not None and fmt != {"type": "text"}:
-        raise unsupported("response_format", "only {\"type\": \"text\"} is available")
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    try:
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return Constraint.json()
+        if kind == "json_schema":
+            spec = fmt.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+                raise invalid("response_format.json_schema", spec,
+                              "an object with name and schema", code="invalid_type")
+            if not isinstance(spec.get("strict", False), bool):
+                raise invalid("response_format.json_schema.strict", spec.get("strict"),
+                              "true or false", code="invalid_type")
+            # strict or not, the output is held to the schema (llguidance enforces it).
+            return Constraint.json_schema(spec.get("schema", {}))
+    except ConstraintError as e:
+        raise APIError(400, str(e), param="response_format", code="invalid_value") from None
+    raise invalid("response_format", fmt, "{\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                  "{\"type\": \"json_schema\", \"json_schema\": {\"name\", \"schema\"}}")
+
+
+def _tools(body: dict) -> tuple[Optional[list[Tool]], Optional[str]]:
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if tools in (None, []):
+        if choice not in (None, "none", "auto"):
+            raise invalid("tool_choice", choice, "'none' or 'auto' when no tools are given")
+        return None, None
+    try:
+        parsed = parse_tools(tools)
+        choice = parse_choice(choice, parsed)
+    except ConstraintError as e:
+        raise APIError(400, str(e), param="tools", code="invalid_value") from None
+    except InvalidParameterError as e:
+        raise APIError(400, str(e), param=e.name, code="invalid_value") from None
+    return parsed, choice
+
+
+def _logprobs(body: dict, kind: str) -> Optional[int]:
+    """How many alternatives each token's log-probability comes with (None: not asked)."""
+    if kind == "completion":        # the legacy API: logprobs is the number of alternatives
+        n = _optional(body, "logprobs", _is_int, "an integer in [0, 5]")
+        if n is not None and not 0 <= n <= 5:
+            raise invalid("logprobs", n, "an integer in [0, 5]")
+        return n
+    want = _optional(body, "logprobs", lambda v: isinstance(v, bool), "true or false")
+    top = _optional(body, "top_logprobs", _is_int, f"an integer in [0, {MAX_TOP_LOGPROBS}]")
+    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise invalid("top_logprobs", top, f"an integer in [0, {MAX_TOP_LOGPROBS}]")
+    if top is not None and not want:
+        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs",
+                       code="invalid_value")
+    return (top or 0) if want else None
 
 
 def _sampling(body: dict) -> SamplingParams:
@@ -210,6 +268,14 @@ def _message(i: int, m: Any) -> dict:
     if role not in CHAT_ROLES:
         raise invalid(f"{where}.role", role, "one of " + ", ".join(CHAT_ROLES))
     content = m.get("content")
+    extra = {}
+    if role == "assistant" and m.get("tool_calls") is not None:
+        extra["tool_calls"] = m["tool_calls"]      # checked with the rest by the engine
+        content = "" if content is None else content
+    if role == "tool":
+        for key in ("tool_call_id", "name"):
+            if m.get(key) is not None:
+                extra[key] = _optional(m, key, lambda v: isinstance(v, str), "a string")
     if isinstance(content, list):    # content parts: text only
         texts = []
         for j, part in enumerate(content):
@@ -222,7 +288,7 @@ def _message(i: int, m: Any) -> dict:
     if not isinstance(content, str):
         raise invalid(f"{where}.content", content, "a string or a list of text parts",
                       code="invalid_type")
-    return {"role": CHAT_ROLES[role], "content": content}
+    return {"role": CHAT_ROLES[role], "content": content, **extra}
 
 
 def _check_size(n_chars: int, n_ctx: int, param: str) -> None:
@@ -238,10 +304,22 @@ def _common(body: dict, kind: str, prompt, n_ctx: int, default_max: int) -> Gene
     _optional(body, "user", lambda v: isinstance(v, str), "a string")
     _refuse_features(body)
     stream, include_usage = _streaming(body)
+    tools, choice = _tools(body) if kind == "chat" else (None, None)
+    constraint = _constraint(body) if kind == "chat" else None
+    if constraint is not None and tools and choice != "none":
+        raise APIError(400, "response_format and tools cannot both shape one answer: send "
+                            "one of them (or tool_choice 'none')", param="response_format",
+                       code="invalid_value")
     return GenerationRequest(kind=kind, prompt=prompt,
                              max_tokens=_max_tokens(body, n_ctx, default_max),
                              sampling=_sampling(body), stop=_stop(body), stream=stream,
-                             include_usage=include_usage, model=body.get("model"))
+                             include_usage=include_usage, model=body.get("model"),
+                             constraint=constraint, tools=tools, tool_choice=choice,
+                             logprobs=_logprobs(body, kind),
+                             # off unless asked for, as in llama.cpp's server (docs/api.md)
+                             parallel_tool_calls=_optional(
+                                 body, "parallel_tool_calls", lambda v: isinstance(v, bool),
+                                 "true or false") is True)
 
 
 def parse_chat(body: Any, n_ctx: int) -> GenerationRequest:
@@ -278,78 +356,3 @@ def parse_completion(body: Any, n_ctx: int) -> GenerationRequest:
     _check_size(len(prompt), n_ctx, "prompt")
     return _common(body, "completion", prompt, n_ctx,
                    default_max=COMPLETIONS_DEFAULT_MAX_TOKENS)
-
-
-# ---------------------------------------------------------------------------------------------
-# Writing responses
-
-
-class Reply:
-    """The identity shared by every body of one response: id, time, model."""
-
-    def __init__(self, kind: str, model: str):
-        self.kind = kind
-        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
-        self.created = int(time.time())
-        self.model = model
-
-    def _base(self, obj: str) -> dict:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
-
-    # -- whole responses ------------------------------------------------------------------
-
-    def response(self, gen) -> dict:
-        if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": gen.text},
-                      "logprobs": None, "finish_reason": gen.finish_reason}
-            body = self._base("chat.completion")
-        else:
-            choice = {"index": 0, "text": gen.text, "logprobs": None,
-                      "finish_reason": gen.finish_reason}
-            body = self._base("text_completion")
-        return {**body, "choices": [choice], "usage": usage(gen.stats),
-                "edgespec": speculation(gen.stats)}
-
-    # -- stream chunks --------------------------------------------------------------------
-
-    def chunk(self, text: Optional[str], *, first: bool = False,
-              finish: Optional[str] = None, include_usage: bool = False) -> dict:
-        """A chunk with ``text`` (chat: the role goes in the first delta only)."""
-        if self.kind == "chat":
-            delta: dict = {"role": "assistant", "content": text or ""} if first else \
-                ({"content": text} if text is not None else {})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            body = self._base("chat.completion.chunk")
-        else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-            body = self._base("text_completion")
-        body["choices"] = [choice]
-        if include_usage:
-            body["usage"] = None     # as OpenAI: null on every chunk but the usage chunk
-        return body
-
-    def final_chunk(self, gen, include_usage: bool) -> dict:
-        body = self.chunk(None, finish=gen.finish_reason, include_usage=include_usage)
-        body["edgespec"] = speculation(gen.stats)
-        return body
-
-    def usage_chunk(self, gen) -> dict:
-        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
-        return {**self._base(obj), "choices": [], "usage": usage(gen.stats),
-                "edgespec": speculation(gen.stats)}
-
-
-def usage(stats) -> dict:
-    cached = max(0, stats.prompt_tokens - stats.prompt_tokens_evaluated)
-    return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens,
-            "total_tokens": stats.prompt_tokens + stats.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached}}
-
-
-def speculation(stats) -> dict:
-    """The edgespec field of every response: how speculation did on this request."""
-    return {"speculative": stats.speculative, "drafted": stats.drafted,
-            "accepted": stats.accepted, "acceptance_rate": round(stats.acceptance_rate, 4),
-            "target_passes": stats.target_passes,
-            "tokens_per_pass": round(stats.tokens_per_pass, 3),
-            "tokens_per_second": round(stats.tokens_per_second, 2)}

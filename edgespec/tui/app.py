@@ -27,7 +27,8 @@ STYLE = Style.from_dict({
 })
 
 # Fixed choices for a command's argument; /save and /load complete file names.
-ARGUMENT_CHOICES = {"set": SETTINGS, "spec": ("on", "off"), "system": ("--clear",)}
+ARGUMENT_CHOICES = {"set": SETTINGS, "spec": ("on", "off"), "system": ("--clear",),
+                    "format": ("json", "schema", "regex", "grammar", "off")}
 
 
 def key_bindings() -> KeyBindings:

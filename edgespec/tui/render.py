@@ -100,7 +100,8 @@ def status_line(session: ChatSession, turn: Optional[Turn] = None) -> str:
 
 def settings_line(session: ChatSession) -> str:
     spec = "on" if session.speculative else ("off" if session.can_speculate else "unavailable")
-    return " ".join(f"{k}={v}" for k, v in session.settings().items()) + f" speculation={spec}"
+    return (" ".join(f"{k}={v}" for k, v in session.settings().items())
+            + f" speculation={spec} format={session.format_label}")
 
 
 def stats_text(session: ChatSession) -> str:

@@ -17,6 +17,7 @@ from ..conversation import Conversation
 from ..errors import EdgespecError, InvalidParameterError
 
 if TYPE_CHECKING:  # the engine (numpy, llama.cpp) loads only when a chat starts
+    from ..constraints import Constraint
     from ..engine import Engine
     from ..results import Generation
 
@@ -92,6 +93,9 @@ class ChatSession:
         self.last: Optional[Turn] = None
         self.totals = Totals()
         self.plain_tokens_per_second: Optional[float] = None
+        self.constraint: Optional["Constraint"] = None     # /format: answers' required shape
+        self.format_label = "text"
+        self.told_busy = False      # said once that threads backed off on a busy machine
         self._interrupted = False
 
     # -- answering ------------------------------------------------------------------------
@@ -111,7 +115,7 @@ class ChatSession:
             on_drop(dropped)
         stream = self.engine.stream(self.conversation.for_model(text),
                                     max_tokens=self.max_tokens, sampling=self.sampling,
-                                    speculative=self.speculative)
+                                    speculative=self.speculative, constraint=self.constraint)
         try:
             # A Ctrl-C that came before the engine started listening is honoured here.
             for event in (stream if not self._interrupted else ()):
@@ -198,6 +202,32 @@ class ChatSession:
             self.engine.set_draft_max(k)
         else:
             raise ChatError(f"unknown setting '{name}'; settings are {', '.join(SETTINGS)}")
+
+    def set_format(self, arg: str) -> str:
+        """``/format json | schema FILE|JSON | regex REGEX | grammar FILE | off``: the shape
+        every answer must have; returns what it is now. A bad schema, regex or grammar is a
+        one-line error and changes nothing."""
+        from ..constraints import Constraint
+        from ..shell import read_text_arg
+        kind, _, value = arg.partition(" ")
+        value = value.strip()
+        if kind in ("off", "text") and not value:
+            self.constraint, self.format_label = None, "text"
+        elif kind == "json" and not value:
+            self.constraint, self.format_label = Constraint.json(), "json"
+        elif kind == "schema" and value:
+            self.constraint = Constraint.json_schema(read_text_arg(value, "/format schema"))
+            self.format_label = f"schema {value if not value.lstrip().startswith('{') else ''}"
+        elif kind == "regex" and value:
+            self.constraint, self.format_label = Constraint.regex(value), f"regex {value}"
+        elif kind == "grammar" and value:
+            self.constraint = Constraint.grammar(read_text_arg(value, "/format grammar"))
+            self.format_label = f"grammar {value}"
+        else:
+            raise ChatError("usage: /format json | schema FILE|JSON | regex REGEX | "
+                            "grammar FILE | off")
+        self.format_label = self.format_label.strip()
+        return self.format_label
 
     def set_speculative(self, on: bool) -> None:
         if on and not self.can_speculate:

@@ -90,6 +90,11 @@ def _spec(repl: "Repl", arg: str) -> None:
     repl.printer.say(f"speculative decoding {arg}")
 
 
+def _format(repl: "Repl", arg: str) -> None:
+    now = repl.session.set_format(arg.strip())
+    repl.printer.say(f"answers are now {now}" if now != "text" else "answers are free text")
+
+
 def _stats(repl: "Repl", arg: str) -> None:
     repl.printer.say(stats_text(repl.session))
 
@@ -135,6 +140,9 @@ COMMANDS: dict[str, Command] = {
     "set": Command("/set [NAME VALUE]", "show the settings, or set one of "
                    + ", ".join(SETTINGS), _set, True),
     "spec": Command("/spec on|off", "speculative decoding on or off", _spec, True),
+    "format": Command("/format json|schema FILE|regex R|grammar FILE|off",
+                      "make every answer JSON, match a schema, a regex or a grammar", _format,
+                      True),
     "stats": Command("/stats", "statistics of the last answer and of the session", _stats),
     "save": Command("/save FILE", "save the conversation as JSON", _save, True),
     "load": Command("/load FILE", "load a conversation saved with /save", _load, True),
@@ -204,6 +212,12 @@ class Repl:
             raise
         p.end_answer(turn.interrupted)
         p.status(status_line(self.session, turn))
+        threads = self.session.engine.threads
+        if threads["backed_off"] and not self.session.told_busy:
+            self.session.told_busy = True
+            p.notice(f"the machine is busy: decoding on fewer threads than {threads['max']} "
+                     "while it is, so that other programs do not stall edgespec (it goes back "
+                     "up when the machine frees)")
 
 
 @contextmanager

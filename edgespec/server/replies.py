@@ -1,0 +1,119 @@
+"""The OpenAI wire format's responses: whole bodies, stream chunks, usage, log-probabilities,
+tool calls, and the ``edgespec`` field that says how speculation did. Plain Python."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Optional
+
+class Reply:
+    """The identity shared by every body of one response: id, time, model."""
+
+    def __init__(self, kind: str, model: str):
+        self.kind = kind
+        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        self.model = model
+
+    def _base(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    # -- whole responses ------------------------------------------------------------------
+
+    def response(self, gen, token_bytes) -> dict:
+        """The body of a whole response; ``token_bytes(id)`` spells tokens for logprobs."""
+        lp = self.logprobs(gen.logprobs, token_bytes)
+        if self.kind == "chat":
+            message: dict = {"role": "assistant", "content": gen.text}
+            if gen.tool_calls:
+                message["content"] = gen.text or None
+                message["tool_calls"] = [c.to_openai() for c in gen.tool_calls]
+            choice = {"index": 0, "message": message, "logprobs": lp,
+                      "finish_reason": gen.finish_reason}
+            body = self._base("chat.completion")
+        else:
+            choice = {"index": 0, "text": gen.text, "logprobs": lp,
+                      "finish_reason": gen.finish_reason}
+            body = self._base("text_completion")
+        return {**body, "choices": [choice], "usage": usage(gen.stats),
+                "edgespec": speculation(gen.stats)}
+
+    def logprobs(self, entries, token_bytes) -> Optional[dict]:
+        """OpenAI's logprobs object for these :class:`~edgespec.results.TokenLogprob`s:
+        chat's ``{"content": [{token, logprob, bytes, top_logprobs}]}``, or the completions
+        API's parallel lists."""
+        if entries is None:
+            return None
+
+        def spell(t: int) -> tuple[str, list[int]]:
+            b = token_bytes(t)
+            return b.decode("utf-8", "replace"), list(b)
+        if self.kind == "chat":
+            content = []
+            for e in entries:
+                text, raw = spell(e.token)
+                top = [{"token": spell(t)[0], "logprob": lp, "bytes": spell(t)[1]}
+                       for t, lp in e.top]
+                content.append({"token": text, "logprob": e.logprob, "bytes": raw,
+                                "top_logprobs": top})
+            return {"content": content}
+        tokens = [spell(e.token)[0] for e in entries]
+        offsets, at = [], 0
+        for t in tokens:
+            offsets.append(at)
+            at += len(t)
+        return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
+                "top_logprobs": [{spell(t)[0]: lp for t, lp in e.top} for e in entries],
+                "text_offset": offsets}
+
+    # -- stream chunks --------------------------------------------------------------------
+
+    def chunk(self, text: Optional[str], *, first: bool = False,
+              finish: Optional[str] = None, include_usage: bool = False,
+              logprobs: Optional[dict] = None, tool_calls: Optional[list] = None) -> dict:
+        """A chunk with ``text`` (chat: the role goes in the first delta only)."""
+        if self.kind == "chat":
+            delta: dict = {"role": "assistant", "content": text or ""} if first else \
+                ({"content": text} if text is not None else {})
+            if tool_calls:
+                delta = {"tool_calls": [{"index": i, **c.to_openai()}
+                                        for i, c in enumerate(tool_calls)]}
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs,
+                      "finish_reason": finish}
+            body = self._base("chat.completion.chunk")
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": logprobs,
+                      "finish_reason": finish}
+            body = self._base("text_completion")
+        body["choices"] = [choice]
+        if include_usage:
+            body["usage"] = None     # as OpenAI: null on every chunk but the usage chunk
+        return body
+
+    def final_chunk(self, gen, include_usage: bool) -> dict:
+        body = self.chunk(None, finish=gen.finish_reason, include_usage=include_usage)
+        body["edgespec"] = speculation(gen.stats)
+        return body
+
+    def usage_chunk(self, gen) -> dict:
+        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+        return {**self._base(obj), "choices": [], "usage": usage(gen.stats),
+                "edgespec": speculation(gen.stats)}
+
+
+def usage(stats) -> dict:
+    cached = max(0, stats.prompt_tokens - stats.prompt_tokens_evaluated)
+    return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens,
+            "total_tokens": stats.prompt_tokens + stats.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def speculation(stats) -> dict:
+    """The edgespec field of every response: how speculation did on this request."""
+    return {"speculative": stats.speculative, "drafted": stats.drafted,
+            "accepted": stats.accepted, "acceptance_rate": round(stats.acceptance_rate, 4),
+            "target_passes": stats.target_passes,
+            "tokens_per_pass": round(stats.tokens_per_pass, 3),
+            "tokens_per_second": round(stats.tokens_per_second, 2),
+            "threads": {"target": stats.target_threads, "draft": stats.draft_threads or None}}

@@ -1,0 +1,143 @@
+"""How many CPU threads each model runs with, chosen while it runs.
+
+llama.cpp's CPU threads spin at every graph barrier, so on a machine whose cores are busy with
+other work one descheduled thread stalls the rest: a step can take many times longer with two
+threads than with one (docs/decisions.md). No fixed count is right for both a quiet and a busy
+machine, and the draft and the target need not agree, so each model gets a
+:class:`ThreadGovernor` that watches its own steps:
+
+* a step far slower than this model's recent best at the same thread count means the threads
+  are stalling: drop to fewer threads at once;
+* on fewer threads than it may use, it probes one more now and then (briefly, at growing
+  intervals while probes fail) and keeps it when steps are faster there.
+
+Step times are compared per token of work: each step's seconds are divided by the calibrated
+cost shape of its batch size (``shape(n)``, 1 for a one-token step), so prefill batches,
+verify passes of different K and single draft steps all count. Pure logic: the caller times
+the steps and applies the count (``llama_set_n_threads``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+# A step this many times slower than the best recent step at the same count is a stall.
+STALL = 1.8
+# A probe of another count is kept when it is at least this much faster per unit of work, and
+# ended at its first step that is more than ABORT times slower (a stall: do not sit in it).
+PROBE_GAIN = 0.9
+ABORT = 2.0
+PROBE_STEPS = 6
+PROBE_FIRST = 4.0           # seconds of decoding before the first probe
+PROBE_MAX = 16.0            # the longest wait between probes (it doubles while they fail)
+
+
+class ThreadGovernor:
+    """One model's thread count (see the module docstring). ``observe`` is told each step's
+    size and duration and returns the count to use from the next step on."""
+
+    def __init__(self, max_threads: int, shape: Callable[[int], float] = lambda n: 1.0,
+                 reference: Optional[float] = None):
+        """``reference``: seconds per unit of work at ``max_threads`` measured on a quiet
+        machine (calibration), so a machine that is busy from the first step is noticed."""
+        self.max_threads = max(1, max_threads)
+        self.threads = self.max_threads
+        self.shape = shape
+        # Per thread count: a fast-moving average and the best recent level of seconds per
+        # unit of work (the best fades upwards slowly, so an old quiet figure is forgotten).
+        self._avg: dict[int, float] = {}
+        self._best: dict[int, float] = {}
+        if reference is not None and reference > 0:
+            self._best[self.max_threads] = reference
+        self._since_probe = 0.0
+        self._probe_wait = PROBE_FIRST
+        self._probe: Optional[list[float]] = None      # units measured while probing
+        self._probe_from = 0
+        self.backed_off = False     # ran below max_threads at least once because of stalls
+
+    def observe(self, n_tokens: int, seconds: float) -> int:
+        unit = seconds / max(self.shape(max(n_tokens, 1)), 1e-9)
+        if self._probe is not None:
+            self._probe.append(unit)
+            here = self._avg.get(self._probe_from, math.inf)
+            if unit > ABORT * here:
+                self._end_probe(keep=False)
+            elif len(self._probe) >= PROBE_STEPS:
+                median = sorted(self._probe)[len(self._probe) // 2]
+                self._end_probe(keep=median < PROBE_GAIN * here, median=median)
+            return self.threads
+        t = self.threads
+        avg = self._avg.get(t)
+        self._avg[t] = unit if avg is None else avg + 0.3 * (unit - avg)
+        self._best[t] = min(unit, self._best.get(t, math.inf) * 1.002)
+        if t > 1 and self._avg[t] > STALL * self._best[t] and unit > STALL * self._best[t]:
+            self._move(t - 1)               # stalling: fewer threads, now
+            self.backed_off = True
+            return self.threads
+        self._since_probe += seconds
+        if self._since_probe >= self._probe_wait and self.max_threads > 1:
+            # Try a neighbour: one more thread (the machine may have freed), or, at the most,
+            # one fewer (the machine may have been busy since the start).
+            self._probe, self._probe_from = [], t
+            self.threads = t + 1 if t < self.max_threads else t - 1
+        return self.threads
+
+    def _move(self, t: int) -> None:
+        self._avg.pop(self.threads, None)
+        self.threads = t
+        self._since_probe, self._probe_wait = 0.0, PROBE_FIRST
+
+    def _end_probe(self, keep: bool, median: float = 0.0) -> None:
+        self._probe = None
+        self._since_probe = 0.0
+        if keep:
+            if self.threads < self._probe_from:
+                self.backed_off = True
+            self._avg[self.threads] = self._best[self.threads] = median
+            self._probe_wait = PROBE_FIRST
+        else:
+            self.threads = self._probe_from
+            self._probe_wait = min(2 * self._probe_wait, PROBE_MAX)
+
+
+def govern(target, draft, costs=None, pin: Optional[int] = None,
+           governors: Optional[dict] = None) -> dict:
+    """Give each model (:class:`~edgespec.backend.LlamaModel`; ``draft`` may be None) a
+    governor over the thread count it was loaded with (those in ``governors`` are taken
+    back, with what they learned); or, with ``pin``, run both on that many threads and govern
+    nothing. ``costs`` (:class:`~edgespec.drafting.Costs`, or None) gives the target's cost
+    shape by batch size and both models' calibrated step costs."""
+    out = {}
+    for name, model in (("target", target), ("draft", draft)):
+        if model is None:
+            continue
+        model.on_step = None
+        model.set_threads(pin or model.config.n_threads)
+        if pin is not None:
+            continue
+        gov = (governors or {}).get(name)
+        if gov is None:
+            shape = reference = None
+            if costs is not None:
+                if model is target:
+                    shape, reference = (lambda n: costs.t(n) / costs.t(1)), costs.t(1)
+                else:
+                    reference = costs.draft
+            gov = ThreadGovernor(model.n_threads, shape or (lambda n: 1.0), reference)
+        else:
+            model.set_threads(gov.threads)
+        _attach(model, gov, shaped=name == "target" and costs is not None)
+        out[name] = gov
+    return out
+
+
+def _attach(model, gov: ThreadGovernor, shaped: bool, longest: int = 64) -> None:
+    """Only steps a governor can compare feed it: one-token steps, and with a cost shape
+    verify passes (logits on every row, as calibrated) up to ``longest`` tokens; prompt
+    batches, with no logits, cost far less per token and would look like a lost speed."""
+    def on_step(n_tokens: int, n_logits: int, seconds: float) -> int:
+        if n_tokens == 1 or (shaped and n_logits == n_tokens <= longest):
+            return gov.observe(n_tokens, seconds)
+        return gov.threads
+    model.on_step = on_step

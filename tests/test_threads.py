@@ -1,0 +1,68 @@
+"""The thread governor's decisions, on step times shaped like those measured on 2 cores
+(pure logic: the real runs are in `edgespec bench --load`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgespec.threads import ThreadGovernor
+
+# Seconds per one-token step of the Gemma F32 target (docs/decisions.md): idle, 2 threads
+# 45 ms and 1 thread 52 ms; one busy process on the other core, 2 threads 127 ms (stalls at
+# barriers) and 1 thread 57 ms.
+IDLE = {2: 0.045, 1: 0.052}
+BUSY = {2: 0.127, 1: 0.057}
+
+
+def run(gov: ThreadGovernor, phases, seed=0):
+    """Feed steps; phases: [(seconds of decoding, {threads: step seconds})]. Returns the thread
+    count of each step and the total time."""
+    rng = np.random.default_rng(seed)
+    used, total = [], 0.0
+    for duration, cost in phases:
+        spent = 0.0
+        while spent < duration:
+            t = gov.threads
+            step = cost[t] * rng.lognormal(0, 0.08)
+            used.append(t)
+            gov.observe(1, step)
+            spent += step
+            total += step
+    return used, total
+
+
+def test_an_idle_machine_keeps_every_thread():
+    gov = ThreadGovernor(2)
+    used, total = run(gov, [(60, IDLE)])
+    assert np.mean(np.array(used) == 2) > 0.97
+    assert total <= 60.5 and not gov.backed_off
+    assert len(used) >= 0.98 * (60 / IDLE[2])        # ≥ 98% of the pinned count's steps
+
+
+def test_a_busy_core_drops_a_thread_at_once_and_comes_back_when_it_frees():
+    gov = ThreadGovernor(2)
+    used, _ = run(gov, [(10, IDLE), (30, BUSY), (40, IDLE)])
+    n1 = int(10 / IDLE[2])
+    busy = used[n1:n1 + int(30 / BUSY[1])]
+    assert 2 not in busy[5:30]                          # backed off within a few steps
+    assert np.mean(np.array(busy) == 1) > 0.95
+    assert gov.backed_off
+    assert used[-50:].count(2) >= 45                    # back to 2 once the machine freed
+
+
+def test_busy_from_the_start_finds_fewer_threads_by_probing():
+    gov = ThreadGovernor(2)
+    used, total = run(gov, [(60, BUSY)])
+    assert np.mean(np.array(used[len(used) // 4:]) == 1) > 0.95
+    pinned_1 = 60 / BUSY[1]
+    assert len(used) > 0.9 * pinned_1                    # close to the best pinned count
+
+
+def test_probing_up_into_a_stall_costs_one_step():
+    gov = ThreadGovernor(2)
+    run(gov, [(5, IDLE), (5, BUSY)])
+    assert gov.threads == 1
+    stall = {2: 3.0, 1: 0.057}                          # a heavily loaded machine
+    used, total = run(gov, [(120, stall)])
+    assert used.count(2) <= 8                           # probes end at their first stall step
+    assert total < 120 + 8 * 3.0
