@@ -58,6 +58,18 @@ class Dist:
         out[self.ids] = self.probs
         return out
 
+    def sample_keyed(self, seed: int, position: int) -> int:
+        """The token of an exponential race over this distribution with noise keyed by
+        (``seed``, ``position``, token id) alone: each token i gets E_i = -log U_i, U_i from
+        :func:`keyed_uniforms`, and the smallest E_i / p_i wins — a sample from this
+        distribution (the Gumbel-max trick), and the same sample whoever asks for it."""
+        ids = self.ids if self.ids is not None else np.arange(self.probs.size)
+        live = self.probs > 0
+        if live.sum() == 1:
+            return int(ids[live][0])
+        ids, probs = ids[live], self.probs[live]
+        return int(ids[np.argmin(-np.log(keyed_uniforms(seed, position, ids)) / probs)])
+
     def sample(self, rng: np.random.Generator) -> int:
         if self.probs.size == 1:
             return int(self.ids[0]) if self.ids is not None else 0
@@ -66,6 +78,37 @@ class Dist:
         i = int(np.searchsorted(self._cdf, rng.random() * self._cdf[-1], side="right"))
         i = min(i, self.probs.size - 1)
         return i if self.ids is None else int(self.ids[i])
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix(x: int) -> int:
+    """splitmix64's finalizer on a Python int."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def keyed_uniforms(seed: int, position: int, ids: np.ndarray) -> np.ndarray:
+    """Uniform numbers in (0, 1), one per token id, that depend only on (``seed``,
+    ``position``, id): a counter-based hash (splitmix64), so only the candidates that survive
+    the samplers need one, and the draft and the target draw on the same noise."""
+    key = np.uint64(_mix(_mix(seed & _MASK64) ^ (position & _MASK64)))
+    z = (np.asarray(ids, dtype=np.int64).astype(np.uint64) ^ key) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    return ((z >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0 ** -53
+
+
+def draw(dist: Dist, params: SamplingParams, rng: np.random.Generator, position: int) -> int:
+    """A token from ``dist``: keyed by (seed, position) when the request is seeded (so the
+    text for a seed does not depend on how it was drafted), else from ``rng``."""
+    if params.seed is not None:
+        return dist.sample_keyed(params.seed, position)
+    return dist.sample(rng)
 
 
 def apply_penalties(logits: np.ndarray, params: SamplingParams,

@@ -29,7 +29,7 @@ from .config import SamplingParams
 from .drafting import Draft, Drafter
 from .lm import LanguageModel
 from .sampling import log_probs, masked_argmax, warp
-from .verify import speculative_sampling, verify_greedy
+from .verify import speculative_sampling, verify_greedy, verify_keyed
 
 if TYPE_CHECKING:
     from .constraints import GrammarState
@@ -93,6 +93,7 @@ def decode(target: LanguageModel, context: list[int], *, params: SamplingParams,
     eog = target.vocab.eog
     n_vocab = target.n_vocab
     plain_greedy = params.greedy and not params.uses_penalty
+    keyed = params.seed is not None and not params.greedy
     max_rows = min(target.n_batch, target.n_outputs_max)
     limit = len(context) + min(max_new, target.n_ctx - len(context))
     assert target.tokens == context[:-1], "target cache must hold the context minus id_last"
@@ -128,15 +129,19 @@ def decode(target: LanguageModel, context: list[int], *, params: SamplingParams,
             masks = ([constraint.mask(d0 + i) for i in range(K + 1)] if constraint is not None
                      else [None] * (K + 1))
 
-            # 3. Accept: greedy match, or rejection sampling (Algorithm 1), p masked as q was.
+            # 3. Accept: greedy match; rejection sampling (Algorithm 1); or, seeded, the match
+            #    of keyed samples. p is masked as q was.
             if plain_greedy:
                 n, t = verify_greedy(x, rows.argmax(axis=1) if constraint is None else
                                      [masked_argmax(rows[i], masks[i]) for i in range(K + 1)])
             else:
                 tail = context[-params.repeat_last_n:] if params.uses_penalty else []
-                n, t = speculative_sampling(
-                    x, q, lambda i: warp(rows[i], params, tail + x[:i], masks[i]), rng,
-                    n_vocab)
+                p = lambda i: warp(rows[i], params, tail + x[:i], masks[i])  # noqa: E731
+                if keyed:
+                    n, t = verify_keyed(x, p, lambda d, i: d.sample_keyed(params.seed,
+                                                                        len(context) + i))
+                else:
+                    n, t = speculative_sampling(x, q, p, rng, n_vocab)
             verify_seconds = time.perf_counter() - t0
             stats.verify_seconds += verify_seconds
             stats.target_passes += 1

@@ -56,3 +56,22 @@ def speculative_sampling(x: Sequence[int], q: Sequence[Dist], p: Callable[[int],
         # Rejected: resample from the part of p that q under-covers.
         return i, residual(p_i, q_i, n_vocab).sample(rng)
     return K, p(K).sample(rng)
+
+
+def verify_keyed(x: Sequence[int], p: Callable[[int], Dist],
+                 draw: Callable[[Dist, int], int]) -> tuple[int, int]:
+    """Seeded sampling with noise keyed by position (:meth:`~edgespec.sampling.Dist.
+    sample_keyed`): the target's own sample at each position is a function of its p and the
+    position's noise, and the draft drew its x with the same noise, so a draft token is
+    accepted iff it equals the target's sample there; at the first mismatch the target's
+    sample is emitted. Every position is an exact sample from p (lossless by construction)
+    and the output for a seed does not depend on the drafts.
+
+    ``p(i)`` as in :func:`speculative_sampling`; ``draw(p_i, i)`` the keyed sample of row
+    ``i``. Returns ``(n, t)`` like the other rules.
+    """
+    for i, xi in enumerate(x):
+        t = draw(p(i), i)
+        if t != xi:
+            return i, t
+    return len(x), draw(p(len(x)), len(x))

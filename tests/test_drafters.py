@@ -105,6 +105,7 @@ class _Recorder:
     """A length policy that records what it is told (pure logic, for the hybrid's routing)."""
 
     needs_confidence = True
+    planned_rate = None
 
     def __init__(self, k):
         self.k, self.observed, self.rested, self.asked = k, [], 0, 0

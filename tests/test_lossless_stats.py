@@ -181,10 +181,12 @@ class _CountingModelDrafter(ModelDrafter):
         return out
 
 
-def run_loop(K, seed: int, kind: str = "model"):
+def run_loop(K, seed: int, kind: str = "model", keyed: bool = False):
+    """N_RUNS generations; ``keyed``: run r is seeded with seed + r (noise keyed by position)
+    instead of drawing from one generator. ``kind="plain"``: no drafter."""
     target_logits, draft_logits = markov_pair()
     target, draft = MarkovLM(target_logits), MarkovLM(draft_logits)
-    drafter = make_drafter(kind, draft, K)
+    drafter = make_drafter(kind, draft, K) if kind != "plain" else None
     run_loop.drafter = drafter
     params = SamplingParams.neutral(1.0)
     rng = np.random.default_rng(seed)
@@ -194,9 +196,11 @@ def run_loop(K, seed: int, kind: str = "model"):
         context = [1, 2, 3, 1, 2]
         target.truncate(0)
         target.eval(context[:-1], 0)
-        drafter.rollback(0)
-        out = [s.token for s in decode(target, context, params=params, rng=rng, max_new=N_NEW,
-                                       drafter=drafter, stats=stats)]
+        if drafter is not None:
+            drafter.rollback(0)
+        run_params = params.replace(seed=seed + r) if keyed else params
+        out = [s.token for s in decode(target, context, params=run_params, rng=rng,
+                                       max_new=N_NEW, drafter=drafter, stats=stats)]
         seqs[r] = out
     return seqs, stats
 
@@ -239,6 +243,20 @@ def test_multi_position_other_drafters_match_plain_sampling(kind, K):
     assert stats.drafted > 0 and 0 < stats.accepted < stats.drafted
     if kind == "hybrid-extend":     # model drafts that an n-gram match continued
         assert run_loop.drafter.model.extended_rounds > 1000
+    check_matches_plain(seqs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind,K", [("model", 4), ("model", "adaptive"), ("ngram", 4),
+                                    ("hybrid", "hybrid-adaptive")])
+def test_seeded_sampling_is_lossless_and_independent_of_the_drafts(kind, K):
+    """With noise keyed by (seed, position, token), each seed's output is the plain target
+    sample's, token for token, whatever the drafter and K; over seeds it is distributed as
+    plain target sampling."""
+    plain, _ = run_loop(0, seed=1_000, kind="plain", keyed=True)
+    seqs, stats = run_loop(K, seed=1_000, kind=kind, keyed=True)
+    assert stats.drafted > 0 and 0 < stats.accepted < stats.drafted
+    assert np.array_equal(seqs, plain)
     check_matches_plain(seqs)
 
 

@@ -119,3 +119,57 @@ def test_invalid_parameters_name_the_parameter_and_range(kwargs, name):
         SamplingParams(**kwargs)
     assert e.value.name == name
     assert str(e.value).startswith(f"{name}=") and "must be" in str(e.value)
+
+
+# --- seeded sampling: noise keyed by (seed, position, token) ------------------------------------
+
+from edgespec.sampling import keyed_uniforms  # noqa: E402
+
+CHI2_999 = {9: 27.88, 39: 72.05}     # 0.999 quantiles of chi-square
+
+
+def chi2(counts: np.ndarray, p: np.ndarray) -> float:
+    expected = p * counts.sum()
+    keep = expected > 0
+    return float((((counts - expected) ** 2)[keep] / expected[keep]).sum())
+
+
+def test_keyed_uniforms_are_uniform_and_keyed():
+    u = keyed_uniforms(3, 17, np.arange(200_000))
+    assert 0 < u.min() and u.max() < 1 and abs(u.mean() - 0.5) < 0.005
+    assert np.array_equal(u[:10], keyed_uniforms(3, 17, np.arange(10)))
+    assert not np.array_equal(u[:10], keyed_uniforms(3, 18, np.arange(10)))
+    assert not np.array_equal(u[:10], keyed_uniforms(4, 17, np.arange(10)))
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_the_keyed_sampler_draws_the_warped_distribution(case):
+    """Over seeds, the keyed sample of a warped row is distributed as the warp says."""
+    rng = np.random.default_rng(case)
+    logits = rng.normal(0, 2, 5000).astype(np.float32)
+    params = [SamplingParams(temperature=0.8, top_k=10, top_p=1.0, min_p=0.0),
+              SamplingParams(temperature=1.2, top_k=40, top_p=0.9, min_p=0.0),
+              SamplingParams(temperature=0.8),
+              SamplingParams(temperature=1.0, top_k=10, top_p=1.0, min_p=0.0)][case]
+    d = warp(logits, params)
+    ids = d.ids if d.ids is not None else np.arange(d.probs.size)
+    index = {int(t): i for i, t in enumerate(ids)}
+    n = 20_000
+    counts = np.zeros(len(ids))
+    for seed in range(n):
+        counts[index[d.sample_keyed(seed, position=case)]] += 1
+    df = len(ids) - 1
+    limit = CHI2_999.get(df, df + 4.5 * np.sqrt(2 * df))
+    assert chi2(counts, d.probs) < limit
+
+
+def test_a_biased_keyed_sampler_fails_the_same_test():
+    """Negative control: racing uniform (not exponential) noise against p is biased."""
+    p = np.full(10, 0.02)
+    p[0] = 0.82
+    ids = np.arange(10)
+    counts = np.zeros(10)
+    for seed in range(20_000):
+        u = keyed_uniforms(seed, 0, ids)
+        counts[int(np.argmin(u / p))] += 1          # should be -log(u) / p
+    assert chi2(counts, p) > 10 * CHI2_999[9]

@@ -56,7 +56,8 @@ def build_bench_parser(sub) -> None:
     p.add_argument("--ks", default="2,4,8,16", help="pinned draft lengths to compare")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=None,
-                   help="seed for sampled runs (a seeded sampled request pins the draft length)")
+                   help="with --temperature above 0: the seeded runs' seed (each prompt adds "
+                        "its index; default 1234); unseeded runs are measured beside them")
     p.add_argument("--raw", action="store_true", help="no chat template")
     p.add_argument("--no-peers", action="store_true",
                    help="skip llama-cpp-python's own plain and prompt-lookup decoding")

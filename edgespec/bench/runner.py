@@ -81,15 +81,17 @@ class Config:
     peer: Optional[str] = None
     k: Optional[int] = None              # pinned draft length, for the plot
     constrained: bool = False            # the output is held to the prompt set's schema
+    seeded: bool = False                 # a seeded request (noise keyed by position)
 
     @property
     def baseline(self) -> str:
         """The configuration its speedup is measured against."""
-        return "plain+schema" if self.constrained else "plain"
+        return ("plain+schema" if self.constrained else
+                "plain+seed" if self.seeded else "plain")
 
 
 def make_configs(ks: list[int], has_draft: bool, peers: bool,
-                 constrained: bool = False) -> list[Config]:
+                 constrained: bool = False, seeded: bool = False) -> list[Config]:
     configs = [Config("plain")]
     if has_draft:
         configs += [Config(f"K={k}", SpecConfig("model", draft_max=k), k=k) for k in ks]
@@ -97,9 +99,11 @@ def make_configs(ks: list[int], has_draft: bool, peers: bool,
     configs.append(Config("ngram", SpecConfig("ngram")))
     if has_draft:
         configs.append(Config("hybrid", SpecConfig("hybrid")))
+    main = [c for c in configs if c.name in ("plain", "adaptive", "ngram", "hybrid")]
     if constrained:     # the same, held to the schema: its own plain baseline
-        configs += [Config(f"{c.name}+schema", c.spec, constrained=True)
-                    for c in configs if c.name in ("plain", "adaptive", "ngram", "hybrid")]
+        configs += [Config(f"{c.name}+schema", c.spec, constrained=True) for c in main]
+    if seeded:          # the same, seeded: its own plain baseline
+        configs += [Config(f"{c.name}+seed", c.spec, k=None, seeded=True) for c in main]
     if peers:
         configs += [Config(PEER_PLAIN, peer="plain"), Config(PEER_LOOKUP, peer="lookup")]
     return configs
@@ -123,12 +127,17 @@ def run_bench(engine, prompts: list[str], *, max_tokens: int, sampling: Sampling
               raw: bool, ks: list[int], repeats: int = 1, peers: bool = True,
               constraint=None, log=print) -> dict:
     """``constraint``: also run plain, adaptive, n-gram and hybrid decoding with every output
-    held to it (a :class:`~edgespec.constraints.Constraint`)."""
+    held to it (a :class:`~edgespec.constraints.Constraint`). When ``sampling`` samples, the
+    same configurations run seeded too (``sampling.seed``, or 1234, plus the prompt's index),
+    beside the unseeded runs."""
+    seed = sampling.seed if sampling.seed is not None else 1234
+    sampling = sampling.replace(seed=None)
     from ..backend.peer import LlamaCppPythonPeer
     from ..drafting import Costs, calibrate
     from ..engine import Engine
 
-    configs = make_configs(ks, engine.draft is not None, peers, constraint is not None)
+    configs = make_configs(ks, engine.draft is not None, peers, constraint is not None,
+                           seeded=not sampling.greedy)
     engines = {c.name: Engine(engine.target, engine.draft, c.spec,
                               draft_head=engine.draft_head)
                for c in configs if c.spec is not None}
@@ -154,7 +163,9 @@ def run_bench(engine, prompts: list[str], *, max_tokens: int, sampling: Sampling
                             token_prompts[i], max_tokens))
                         continue
                     eng = engines.get(c.name, engine)
-                    out = eng.generate(prompt, max_tokens=max_tokens, sampling=sampling,
+                    out = eng.generate(prompt, max_tokens=max_tokens,
+                                       sampling=sampling.replace(seed=seed + i) if c.seeded
+                                       else sampling,
                                        raw=raw, speculative=c.spec is not None,
                                        constraint=constraint if c.constrained else None)
                     totals[c.name].add(out.stats)

@@ -28,13 +28,13 @@ __all__ = ["Draft", "Drafter", "CostCache", "Costs", "calibrate", "calibrate_cac
            "HEAD_MIN_VOCAB", "ReducedHead", "make_drafter", "Drafters"]
 
 
-def make_drafter(spec: SpecConfig, *, costs: Optional[Costs], k_max: int, pinned: bool = False,
+def make_drafter(spec: SpecConfig, *, costs: Optional[Costs], k_max: int,
                  draft_model: Optional[LanguageModel] = None, eog: frozenset[int] = frozenset(),
                  head: Optional[ReducedHead] = None) -> Optional[Drafter]:
     """The drafter ``spec`` names, each source with its own length policy: the cost model over
-    ``costs`` (drafts of at most ``k_max``), or the spec's fixed K when the spec or ``pinned``
-    asks for one. ``costs`` may be None only for a fixed K. None for ``drafter="none"``."""
-    fixed = pinned or not spec.is_adaptive
+    ``costs`` (drafts of at most ``k_max``), or the spec's fixed K when it pins one. ``costs``
+    may be None only for a fixed K. None for ``drafter="none"``."""
+    fixed = not spec.is_adaptive
 
     def policy(c: Optional[Costs]) -> LengthPolicy:
         return FixedLength(spec.fixed_k, spec.p_min) if fixed else AdaptiveLength(c, k_max=k_max)
@@ -55,9 +55,9 @@ def make_drafter(spec: SpecConfig, *, costs: Optional[Costs], k_max: int, pinned
 
 class Drafters:
     """An Engine's drafters, one per kind of sampling, built on first use. Acceptance differs
-    between greedy and sampled decoding, so each learns its own draft lengths (the measured
-    costs are shared); a seeded sample must be reproducible while the adaptive length follows
-    measured speed, so a seeded sampled request drafts a fixed length."""
+    between greedy, sampled and seeded decoding (seeded drafts are accepted when they match
+    the target's keyed sample), so each learns its own draft lengths; the measured costs are
+    shared."""
 
     # Refined costs are kept for the next session once this many target passes refined them.
     SAVE_AFTER = 64
@@ -86,20 +86,24 @@ class Drafters:
             CostCache(self.target, self._measured_draft(), self.head).save(self.costs,
                                                                            "refined")
 
+    def plain_pass_seconds(self) -> Optional[float]:
+        """The cost model's seconds for a one-token target pass, as decoding refined it
+        (None without a cost model: a pinned draft length)."""
+        return self.costs.t(1) if self.costs is not None else None
+
     def for_sampling(self, sampling: SamplingParams) -> Optional[Drafter]:
         spec = self.spec
         if spec.drafter == "none":
             return None
-        pinned = sampling.seed is not None and not sampling.greedy
-        kind = ("fixed" if pinned or not spec.is_adaptive else
-                "greedy" if sampling.greedy else "sampled")
+        kind = ("fixed" if not spec.is_adaptive else
+                "greedy" if sampling.greedy else
+                "seeded" if sampling.seed is not None else "sampled")
         if kind not in self._by_kind:
             if kind != "fixed" and self.costs is None:
                 self._calibrate()
             self._by_kind[kind] = make_drafter(
                 spec, costs=self.costs, k_max=min(spec.k_max, self.target.n_outputs_max - 1),
-                pinned=pinned, draft_model=self.draft, eog=self.target.vocab.eog,
-                head=self.head)
+                draft_model=self.draft, eog=self.target.vocab.eog, head=self.head)
         return self._by_kind[kind]
 
     def set_draft_max(self, draft_max: Optional[int]) -> None:

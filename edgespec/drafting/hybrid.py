@@ -55,19 +55,21 @@ class HybridDrafter:
         t0 = time.perf_counter()
         k_model, k_ngram = (min(k_max, k) for k in self._planned)
         d = self.ngram.draft(context, k_ngram, params, rng, should_stop, constraint) \
-            if k_ngram > 0 else None
-        if d is not None and d.x:
+            if k_ngram > 0 else Draft(source="ngram")
+        if d.x:
             self._match_found(len(context))
-        else:
-            if self._miss_start is None:
-                self._miss_start = len(context)
-            if not self._catch_up_pays(context):
-                d = Draft()         # a plain round for both sources
-            elif k_model > 0:
-                d = self.model.draft(context, k_max, params, rng, should_stop, constraint,
-                                     extend=self._extender(context, k_max))
-            else:
-                d = Draft(source="model")
+        elif self._miss_start is None:
+            self._miss_start = len(context)
+        if (not d.x or self._model_is_better(k_model)) and k_model > 0 \
+                and self._catch_up_pays(context):
+            if constraint is not None:
+                constraint.rollback(len(d.x))
+            d = self.model.draft(context, k_max, params, rng, should_stop, constraint,
+                                 extend=self._extender(context, k_max))
+        elif not d.x:
+            # No match, and the model is not worth drafting with (its plan, or catching it
+            # up): a plain round for both sources.
+            d = Draft() if k_model > 0 else Draft(source="model")
         d.seconds = time.perf_counter() - t0
         return d
 
@@ -94,11 +96,18 @@ class HybridDrafter:
                 self.miss_tokens += 0.2 * (stretch - self.miss_tokens)
             self._miss_start = None
 
+    def _model_is_better(self, k_model: int) -> bool:
+        """Whether the model's planned round is expected to go faster than the n-gram's (a
+        match is a poor bet when sampled text has left the context behind)."""
+        mine, theirs = self.model.policy.planned_rate, self.ngram.policy.planned_rate
+        return k_model > 0 and mine is not None and theirs is not None and mine > theirs
+
     def _catch_up_pays(self, context: Sequence[int]) -> bool:
         seconds = self.model.catch_up_seconds(context)
         if seconds is None:
             return True
-        ahead = max(self.miss_tokens, len(context) - self._miss_start)
+        stretch = len(context) - self._miss_start if self._miss_start is not None else 0
+        ahead = max(self.miss_tokens, stretch)
         return self.model.policy.catch_up_pays(seconds, ahead)
 
     def _extender(self, context: Sequence[int], k: int) -> Extender:

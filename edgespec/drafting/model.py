@@ -9,7 +9,7 @@ import numpy as np
 
 from ..config import SamplingParams
 from ..lm import LanguageModel
-from ..sampling import Dist, warp
+from ..sampling import Dist, draw, warp
 from .base import Draft
 from .policy import LengthPolicy
 from .reduced_head import ReducedHead
@@ -99,7 +99,7 @@ class ModelDrafter:
                                float(q_i.probs.max())) if need_conf else None)
             if should_stop() or not self.policy.keep_drafting(drawn, confidence):
                 break
-            x_i = q_i.sample(rng)
+            x_i = draw(q_i, params, rng, len(context) + len(d.x))
             d.x.append(x_i)
             d.q.append(q_i)
             d.confidences.append(confidence)

@@ -56,6 +56,10 @@ class LengthPolicy(Protocol):
     def rest(self) -> None:
         """A round this policy took no part in (another source drafted)."""
 
+    @property
+    def planned_rate(self) -> Optional[float]:
+        """Expected tokens per second of the round just planned (None: not estimated)."""
+
     def catch_up_pays(self, seconds: float, tokens_ahead: float) -> bool:
         """Whether spending ``seconds`` to bring the draft up to date is repaid by drafting
         for the next ``tokens_ahead`` tokens instead of decoding plainly."""
@@ -80,6 +84,8 @@ class FixedLength:
 
     def rest(self) -> None:
         pass
+
+    planned_rate = None
 
     def catch_up_pays(self, seconds: float, tokens_ahead: float) -> bool:
         return True
@@ -277,6 +283,10 @@ class AdaptiveLength:
         as in a plain round, so that it re-probes some time later."""
         self._pos.age(self.idle_decay)
         self._conf.age(self.idle_decay)
+
+    @property
+    def planned_rate(self) -> float:
+        return self._rate if self._planned else 1.0 / self.costs.t(1)
 
     def catch_up_pays(self, seconds: float, tokens_ahead: float) -> bool:
         k, rate = self.best()
