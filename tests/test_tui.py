@@ -267,6 +267,23 @@ def test_settings_reach_the_engine(chat, engine):
     assert "speculation off" in chat.err.getvalue().splitlines()[-1]
 
 
+def test_a_seed_makes_an_answer_reproducible_with_speculation_on_or_off(chat):
+    s = chat.session
+    for line in ("/set temperature 1.0", "/set max_tokens 24", "/set seed 7"):
+        out, err = chat.lines(line)
+        assert err == "", err
+    assert s.settings()["seed"] == 7
+    answers = []
+    for spec in ("on", "off", "on"):
+        chat.lines(f"/spec {spec}")
+        chat.lines("/reset")
+        chat.lines("Name three colours.")
+        answers.append(s.last.generation.tokens)
+    assert answers[0] == answers[1] == answers[2]
+    chat.lines("/set seed random")
+    assert s.settings()["seed"] == "random" and s.sampling.seed is None
+
+
 def test_system_reset_and_help(chat):
     out, _ = chat.lines("/help")
     for name in ("/reset", "/system", "/set", "/spec", "/stats", "/save", "/load", "/colors",
@@ -309,6 +326,8 @@ BAD = [
     ("/set top_k 2.5", "top_k must be an integer >= 0"),
     ("/set min_p 2", "min_p must be a number in [0, 1]"),
     ("/set max_tokens 0", "max_tokens must be an integer in [1, 1024]"),
+    ("/set seed -1", "seed must be an integer >= 0, or random"),
+    ("/set seed 1.5", "seed must be an integer >= 0, or random"),
     ("/set draft_max -2", "draft_max must be an integer in [0, 256]"),
     ("/set draft_max 200", "draft_max must be at most 63 for this Engine"),
     ("/set draft_max many", "draft_max must be an integer"),

@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # the engine (numpy, llama.cpp) loads only when a chat starts
     from ..results import Generation
 
 SAMPLING_SETTINGS = ("temperature", "top_k", "top_p", "min_p")
-SETTINGS = SAMPLING_SETTINGS + ("max_tokens", "draft_max")
+SETTINGS = SAMPLING_SETTINGS + ("seed", "max_tokens", "draft_max")
 
 # Plain decoding speed is measured once on this text, to estimate the speedup of answers.
 _REFERENCE_PROMPT = "Once upon a time, in a small village by the sea,"
@@ -178,13 +178,21 @@ class ChatSession:
     def settings(self) -> dict:
         s, spec = self.sampling, self.engine.spec
         return {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
-                "min_p": s.min_p, "max_tokens": self.max_tokens,
+                "min_p": s.min_p, "seed": "random" if s.seed is None else s.seed,
+                "max_tokens": self.max_tokens,
                 "draft_max": "auto" if spec.is_adaptive else spec.fixed_k}
 
     def set(self, name: str, value: str) -> None:
         """Change one setting from its text; raises a one-line error naming what is valid."""
         if name in SAMPLING_SETTINGS:
             self.sampling = self.sampling.replace(**{name: _number(value)})
+        elif name == "seed":
+            # A seed makes an answer reproducible: the same conversation, settings and seed
+            # give the same text, with speculation on or off (noise keyed by position).
+            seed = None if value in ("random", "off", "none") else _number(value)
+            if seed is not None and (not isinstance(seed, int) or seed < 0):
+                raise InvalidParameterError(name, seed, "an integer >= 0, or random")
+            self.sampling = self.sampling.replace(seed=seed)
         elif name == "max_tokens":
             n = _number(value)
             if not isinstance(n, int) or not 1 <= n <= self.engine.n_ctx:
