@@ -21,6 +21,7 @@ from .shell import (DRAFT_COLOR, EXIT_USER_ERROR, RESET, Parser, add_constraint_
                     add_model_args, add_sampling_args, constraint_from_args, error_boundary,
                     load_engine, sampling_from_args, status)
 from .tui.command import build_chat_parser
+from .worker import build_worker_parser
 
 # ---------------------------------------------------------------------------------------------
 # edgespec run
@@ -111,7 +112,8 @@ def build_info_parser(sub) -> None:
 # entry point
 
 COMMANDS = [build_run_parser, build_chat_parser, build_serve_parser, build_bench_parser,
-            build_calibrate_parser, build_models_parsers, build_info_parser]
+            build_calibrate_parser, build_models_parsers, build_info_parser,
+            build_worker_parser]
 
 
 def build_parser() -> Parser:

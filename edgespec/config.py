@@ -21,6 +21,7 @@ N_BATCH = 512             # most tokens per llama.cpp call
 MAX_TOKENS = 256          # most tokens per generation (API, `edgespec run`, the server)
 CHAT_MAX_TOKENS = 1024    # most tokens per answer in `edgespec chat`
 N_OUTPUTS_MIN = 64        # logits rows a target pass can return: bounds the longest draft
+RPC_PORT = 50052          # `edgespec worker`'s port (llama.cpp rpc-server's default)
 
 
 def _is_number(value: object) -> bool:
@@ -165,9 +166,11 @@ class ModelConfig:
     n_gpu_layers: int = -1
     n_outputs_max: int = N_OUTPUTS_MIN
     verbose: bool = False
+    rpc: tuple = ()           # "HOST:PORT" of the RPC workers that hold its layers
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", Path(self.path).expanduser())
+        object.__setattr__(self, "rpc", tuple(self.rpc or ()))
         _check_int("n_ctx", self.n_ctx, 16, 1 << 24, valid="an integer in [16, 16777216]")
         _check_int("n_batch", self.n_batch, 1, 1 << 16, valid="an integer in [1, 65536]")
         _check_int("n_threads", self.n_threads, 1, 1024, valid="an integer in [1, 1024]")

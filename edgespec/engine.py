@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from . import config
-from .backend import (GrammarVocab, LlamaModel, backend_info, check_compatible,
-                      release_free_heap)
+from .backend import (GrammarVocab, LlamaModel, backend_info, check_compatible, open_model,
+                      placement, release_free_heap, rpc_endpoints)
 from .chat_template import ChatTemplate, validate_messages
 from .config import ModelConfig, SamplingParams, SpecConfig, default_threads
 from .constraints import Constraint, GrammarState, tokenizer_for
@@ -89,7 +89,7 @@ class Engine:
              n_gpu_layers: int = -1, draft_n_gpu_layers: int = -1,
              drafter: Optional[str] = None, draft_max: Optional[int] = None,
              adaptive: bool = True, p_min: float = 0.0, verbose: bool = False,
-             recalibrate: bool = False,
+             recalibrate: bool = False, rpc=None, draft_rpc=None,
              progress: Callable[[str], None] = lambda s: None) -> "Engine":
         """Load a target GGUF and optionally a draft GGUF (or a registry ``pair`` name).
 
@@ -103,6 +103,9 @@ class Engine:
         ``progress`` is told what loading is doing (a line at a time). Raises
         :class:`~edgespec.errors.ModelLoadError` for files that cannot be loaded and
         :class:`~edgespec.errors.IncompatiblePairError` when the draft's tokenizer differs.
+        ``rpc``: ``"HOST:PORT,…"`` (or a list) of ``edgespec worker`` processes that hold the
+        target's layers; the draft stays local unless ``draft_rpc`` names workers for it
+        (:class:`~edgespec.errors.RPCError` when one cannot be reached).
         """
         if pair is not None:
             if target is not None or draft is not None:
@@ -119,16 +122,20 @@ class Engine:
                                         "model is given (or pass draft=PATH)")
         threads = n_threads or default_threads()
         n_out = max(config.N_OUTPUTS_MIN, spec.most_drafts + 1)
-        t_model = LlamaModel(ModelConfig(target, n_ctx=n_ctx, n_batch=n_batch, n_threads=threads,
+        progress(f"loading the target {Path(target).name}…")
+        rpc, draft_rpc = rpc_endpoints(rpc, draft_rpc)
+        t_model = open_model(ModelConfig(target, n_ctx=n_ctx, n_batch=n_batch, n_threads=threads,
                                          n_gpu_layers=n_gpu_layers, n_outputs_max=n_out,
-                                         verbose=verbose))
+                                         verbose=verbose, rpc=rpc))
         d_model = None
         try:
             if draft is not None and drafter in ("model", "hybrid"):
-                d_model = LlamaModel(ModelConfig(draft, n_ctx=n_ctx, n_batch=n_batch,
+                progress(f"loading the draft {Path(draft).name}…")
+                d_model = open_model(ModelConfig(draft, n_ctx=n_ctx, n_batch=n_batch,
                                                  n_threads=threads,
                                                  n_gpu_layers=draft_n_gpu_layers,
-                                                 n_outputs_max=1, verbose=verbose),
+                                                 n_outputs_max=1, verbose=verbose,
+                                                 rpc=draft_rpc),
                                      tap_min_vocab=HEAD_MIN_VOCAB)
                 check_compatible(t_model, d_model)
             return cls(t_model, d_model, spec, adaptive_threads=n_threads is None,
@@ -169,7 +176,7 @@ class Engine:
                     "draft": self.draft.describe() if self.draft else None,
                     "drafter": self.spec.drafter, "draft_max": self.spec.draft_max,
                     "adaptive": self.spec.is_adaptive, "p_min": self.spec.p_min,
-                    "backend": backend_info()["backend"],
+                    "backend": placement(backend_info()["backend"], self.target, self.draft),
                     "chat_template": "fallback (ChatML)" if self.template.is_fallback else "model"}
 
     def set_threads(self, n_threads: Optional[int]) -> None:
@@ -316,7 +323,7 @@ class Engine:
             self.draft_head if speculative else None, lambda: self._drafter(sampling), tokens,
             max_tokens=max_tokens, sampling=sampling, stop=list(stop),
             speculative=speculative, grammar=grammar, logprobs=logprobs,
-            finish=plan.finish if plan is not None else None))
+            finish=plan and plan.finish, plain_cost=self._drafting.plain_pass_seconds))
 
     def _grammar(self, constraint: Optional[Constraint]) -> Optional[GrammarState]:
         """A constraint's state over the target's vocabulary, for one generation (the grammar

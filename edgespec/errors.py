@@ -97,3 +97,8 @@ class EngineClosedError(EdgespecError):
 class EngineBusyError(EdgespecError):
     """This thread would wait for a generation that only it can finish (a stream it left
     open on the same Engine)."""
+
+
+class RPCError(BackendError):
+    """An RPC worker cannot be reached, speaks another protocol, or stopped during a pass; or
+    llama.cpp was built without RPC. The message names the endpoint and the fix."""

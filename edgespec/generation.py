@@ -57,7 +57,8 @@ def run_generation(job: Job, turnstile: Turnstile, target: "LlamaModel",
                    max_tokens: int, sampling: SamplingParams, stop: list[str],
                    speculative: bool, grammar: Optional["GrammarState"] = None,
                    logprobs: Optional[int] = None,
-                   finish: Optional[Callable[[Generation], Generation]] = None
+                   finish: Optional[Callable[[Generation], Generation]] = None,
+                   plain_cost: Callable[[], Optional[float]] = lambda: None
                    ) -> Iterator[StreamEvent]:
     """The generation behind a Stream: waits for its turn, then prefill → decode → text.
 
@@ -65,7 +66,8 @@ def run_generation(job: Job, turnstile: Turnstile, target: "LlamaModel",
     ``get_drafter`` is asked once the turn is taken (it may calibrate). ``grammar``: the
     output's constraint, at the start of the output. ``logprobs``: record each token's log
     probability and this many alternatives. ``finish`` turns the result into its final form
-    (tool calls read from the output).
+    (tool calls read from the output). ``plain_cost``: the cost model's seconds for a plain
+    target pass (None: no cost model), the speed-up's reference when no round was plain.
     Holds the turn until it ends; whichever way it ends (last token, cancel, close, an error)
     its ``finally`` trims the caches to what was generated and hands the turn on.
     """
@@ -139,6 +141,11 @@ def run_generation(job: Job, turnstile: Turnstile, target: "LlamaModel",
             stats.completion_tokens = len(out_tokens)
             stats.target_threads = target.n_threads
             stats.draft_threads = draft.n_threads if draft is not None else 0
+            lp = stats.loop
+            if lp.plain_passes >= 4:        # its own plain rounds: the most like-for-like
+                stats.plain_pass_seconds = lp.plain_seconds / lp.plain_passes
+            elif speculative:
+                stats.plain_pass_seconds = plain_cost() or 0.0
             if grammar is not None:
                 stats.grammar_seconds = grammar.seconds
             if not ended:

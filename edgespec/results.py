@@ -31,7 +31,15 @@ class GenerationStats:
     speculative: bool = False
     target_threads: int = 0            # CPU threads each model ran with at the end
     draft_threads: int = 0             # (0: no draft model in use)
+    # Seconds of one plain (one-token) target pass where and when this generation ran: its
+    # own plain rounds' passes, else the cost model's figure refined by the loop (0: unknown).
+    plain_pass_seconds: float = 0.0
     loop: LoopStats = field(default_factory=LoopStats)
+
+    # A speed-up is estimated only from this many drafting rounds; a generation whose rounds
+    # were at least PLAIN_SHARE plain is reported as decoding plainly.
+    MIN_DRAFT_ROUNDS = 8
+    PLAIN_SHARE = 0.9
 
     # -- the loop's counters ----------------------------------------------------------------
 
@@ -85,6 +93,39 @@ class GenerationStats:
                 if self.prompt_seconds else 0.0)
 
     @property
+    def decoding_plainly(self) -> bool:
+        """Whether speculation was on but the drafter (nearly) never drafted: its length
+        policy found that drafting does not pay here and now."""
+        passes = self.loop.target_passes
+        return (self.speculative and passes > 0
+                and (self.drafted == 0 or self.loop.plain_passes >= self.PLAIN_SHARE * passes))
+
+    @property
+    def speedup_estimate(self) -> Optional[float]:
+        """Estimated speed over plain decoding, from like-for-like measurements of this run:
+        a plain target pass's cost (:attr:`plain_pass_seconds`) over the loop's seconds per
+        token (drafting and verifying). None without the evidence for it: no drafts, fewer
+        than MIN_DRAFT_ROUNDS drafting rounds, or no plain-pass cost. Never above the tokens
+        per target pass: a batched pass does not cost less than a one-token pass."""
+        lp = self.loop
+        if (not self.speculative or self.decoding_plainly or self.plain_pass_seconds <= 0
+                or lp.target_passes - lp.plain_passes < self.MIN_DRAFT_ROUNDS or not lp.emitted):
+            return None
+        per_token = (lp.draft_seconds + lp.verify_seconds) / lp.emitted
+        if per_token <= 0:
+            return None
+        return min(self.plain_pass_seconds / per_token, self.tokens_per_pass)
+
+    @property
+    def verdict(self) -> str:
+        """What speculation did, for people: the estimated speed-up, that drafting does not
+        pay, or '' (not enough evidence, or speculation off)."""
+        if self.decoding_plainly:
+            return "the draft does not pay on this machine now: decoding plainly"
+        x = self.speedup_estimate
+        return f"≈{x:.2f}× plain speed" if x is not None else ""
+
+    @property
     def python_seconds(self) -> float:
         """Decoding wall time spent outside the models' compute (drafting logic,
         verification, text): outside llama.cpp and the draft's reduced output layer."""
@@ -109,6 +150,8 @@ class GenerationStats:
             parts.append(f"acceptance {self.acceptance_rate:.0%} ({self.accepted}/"
                          f"{self.drafted})" if self.drafted else "nothing drafted")
             parts.append(f"{self.tokens_per_pass:.2f} tokens/pass")
+            if self.verdict:
+                parts.append(self.verdict)
         else:
             parts.append("speculation off")
         if self.target_threads:
@@ -132,7 +175,8 @@ class GenerationStats:
             "head_seconds", "grammar_seconds", "draft_seconds", "verify_seconds", "speculative",
             "target_threads", "draft_threads",
             "acceptance_rate", "tokens_per_pass", "tokens_per_second",
-            "prompt_tokens_per_second", "python_seconds", "python_share")}
+            "prompt_tokens_per_second", "python_seconds", "python_share",
+            "plain_pass_seconds", "speedup_estimate", "decoding_plainly")}
         d["tested_at"], d["accepted_at"] = list(self.tested_at), list(self.accepted_at)
         return d
 

@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Optional
 
 from . import config
 from .config import DRAFTERS, SamplingParams, SpecConfig
@@ -37,6 +37,38 @@ class Parser(argparse.ArgumentParser):
 def status(msg: str) -> None:
     """A progress or status line: stderr, so that stdout carries only the answer."""
     print(msg, file=sys.stderr, flush=True)
+
+
+class Progress:
+    """What loading is doing, on stderr. A message ending in "…" is a step in progress: on a
+    terminal it replaces the previous step on one line (cleared by :meth:`done`); elsewhere
+    (a pipe, a log) it is not written. Any other message is a line of its own."""
+
+    def __init__(self, stream=None):
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = self.stream.isatty()
+        self._open = False
+        self._finished = False      # after done(): steps are not shown (the answer is)
+
+    def __call__(self, msg: str) -> None:
+        if not msg.endswith("…"):
+            self._clear()
+            self.stream.write(msg + "\n")
+        elif self.tty and not self._finished:
+            self.stream.write("\r\x1b[K" + msg)
+            self._open = True
+        self.stream.flush()
+
+    def _clear(self) -> None:
+        if self._open:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self._open = False
+
+    def done(self) -> None:
+        """Loading is over: clear the step line (before the answer, or an error, is written)."""
+        self._clear()
+        self._finished = True
 
 
 def debugging() -> bool:
@@ -97,6 +129,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="target layers to offload to the GPU (-1 = all, 0 = none)")
     g.add_argument("--draft-n-gpu-layers", type=int, default=-1, metavar="N",
                    help="draft layers to offload to the GPU (-1 = all)")
+    g.add_argument("--rpc", metavar="HOST:PORT[,…]",
+                   help="put the target's layers on these `edgespec worker` processes (other "
+                        "machines; llama.cpp RPC, trusted LAN only); the draft stays local")
+    g.add_argument("--draft-rpc", metavar="HOST:PORT[,…]",
+                   help="put the draft's layers on these workers too (not the target's)")
     g.add_argument("--recalibrate", action="store_true",
                    help="measure the models' speed again instead of using the kept figures")
     g.add_argument("--verbose", action="store_true", help="show llama.cpp's own log")
@@ -116,6 +153,34 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--repeat-penalty", type=float, default=d.repeat_penalty, metavar="R",
                    help="1 = off (default)")
     g.add_argument("--seed", type=int, help="random seed (default: random)")
+
+
+def check_args(args) -> None:
+    """Refuse out-of-range numeric options (one line), before any model is fetched or
+    loaded; ``args`` may lack any of them (each command has its own set)."""
+    def bad(option: str, value, valid: str) -> None:
+        raise UsageError(f"{option} {value} is invalid: it must be {valid}")
+
+    def within(option: str, name: str, low: int, high: Optional[int] = None) -> None:
+        value = getattr(args, name, None)
+        if value is not None and (value < low or high is not None and value > high):
+            bad(option, value, f"an integer >= {low}" if high is None else
+                f"an integer in [{low}, {high}]")
+
+    within("--max-tokens", "max_tokens", 1)
+    within("--ctx-size", "ctx_size", 16, 1 << 24)
+    within("--threads", "threads", 1, 1024)
+    within("--n-gpu-layers", "n_gpu_layers", -1)
+    within("--draft-n-gpu-layers", "draft_n_gpu_layers", -1)
+    within("--draft-max", "draft_max", 0, SpecConfig.K_LIMIT)
+    within("--repeats", "repeats", 1)
+    p = getattr(args, "draft_p_min", None)
+    if p is not None and not 0.0 <= p <= 1.0:
+        bad("--draft-p-min", p, "a number in [0, 1]")
+    if hasattr(args, "top_k"):
+        sampling_from_args(args)
+    elif hasattr(args, "temperature"):          # (the bench: temperature and seed only)
+        SamplingParams(temperature=args.temperature, seed=getattr(args, "seed", None))
 
 
 def sampling_from_args(args) -> SamplingParams:
@@ -158,14 +223,32 @@ def model_label(args) -> str:
 def load_engine(args, say: Callable[[str], None] = status, **overrides):
     """The Engine the options describe (``overrides``: Engine.load arguments to force)."""
     from .engine import Engine
+    check_args(args)
     target, draft = resolve_models(args, say)
     drafter = "none" if getattr(args, "no_spec", False) else args.drafter
+    progress = Progress() if say is status else say
     kw = dict(target=target, draft=draft if drafter != "none" else None, drafter=drafter,
               n_ctx=args.ctx_size, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
               draft_n_gpu_layers=args.draft_n_gpu_layers, draft_max=args.draft_max,
               adaptive=not args.no_adaptive, p_min=args.draft_p_min, verbose=args.verbose,
-              recalibrate=args.recalibrate, progress=say)
-    return Engine.load(**{**kw, **overrides})
+              recalibrate=args.recalibrate, progress=progress,
+              rpc=getattr(args, "rpc", None), draft_rpc=getattr(args, "draft_rpc", None))
+    try:
+        return Engine.load(**{**kw, **overrides})
+    finally:
+        if isinstance(progress, Progress):
+            progress.done()
+
+
+def chat_format_note(engine) -> Optional[str]:
+    """One line for shells that send chat messages, when the model's own template is not
+    used (a base model has none): what is sent instead. None when the template is used."""
+    t = engine.template
+    if not t.is_fallback:
+        return None
+    return (f"note: {engine.target.path.name}: {t.fallback_reason}, so messages are sent in the "
+            "ChatML format; a base model may continue that markup instead of answering "
+            "(`edgespec run` completes a prompt as-is)")
 
 
 # ---------------------------------------------------------------------------------------------

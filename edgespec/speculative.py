@@ -61,6 +61,10 @@ class LoopStats:
     # rate at each position, given that the earlier ones were accepted.
     tested_at: list[int] = field(default_factory=list)
     accepted_at: list[int] = field(default_factory=list)
+    # Rounds that drafted nothing (K = 0) and their verify passes' seconds: what a plain
+    # target pass costs here and now, the reference for the estimated speed-up.
+    plain_passes: int = 0
+    plain_seconds: float = 0.0
 
     def record_round(self, k: int, n: int) -> None:
         for counts, upto in ((self.tested_at, min(n + 1, k)), (self.accepted_at, n)):
@@ -144,6 +148,9 @@ def decode(target: LanguageModel, context: list[int], *, params: SamplingParams,
                     n, t = speculative_sampling(x, q, p, rng, n_vocab)
             verify_seconds = time.perf_counter() - t0
             stats.verify_seconds += verify_seconds
+            if K == 0:
+                stats.plain_passes += 1
+                stats.plain_seconds += verify_seconds
             stats.target_passes += 1
             stats.rounds += 1
             stats.accepted += n

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command: the test suite with everything it needs, as CI runs it.
 #   1. edgespec with its dev extra (pytest, the openai client, the HTTP stack), editable, into
-#      the active Python environment;
+#      the active Python environment, llama.cpp built with its RPC backend;
 #   2. the tools the terminal and desktop tests drive (tmux; Xvfb, xdotool, Tk), from the
 #      system's packages when they are missing and this runs as root on Debian or Ubuntu
 #      (otherwise those tests are skipped, and this says how to install them);
@@ -11,7 +11,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# llama.cpp with its RPC backend (CPU + RPC): the RPC tests start real workers. pip reuses a
+# wheel it built before whatever CMAKE_ARGS say, so one built without RPC is rebuilt.
+export CMAKE_ARGS="${CMAKE_ARGS:-} -DGGML_RPC=on"
 python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+if ! python -c 'import llama_cpp, sys; sys.exit(not llama_cpp.llama_supports_rpc())'; then
+    echo "llama-cpp-python was built without RPC: rebuilding it with CMAKE_ARGS=$CMAKE_ARGS" >&2
+    python -m pip install --quiet --disable-pip-version-check --force-reinstall \
+        --no-cache-dir --no-deps "$(python -c 'import importlib.metadata as m;
+print("llama-cpp-python==" + m.version("llama-cpp-python"))')"
+fi
 
 need=()
 command -v tmux >/dev/null || need+=(tmux)

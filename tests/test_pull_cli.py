@@ -199,3 +199,29 @@ def test_pair_derive_builds_a_checked_self_speculative_draft(tmp_path, smollm2_q
     assert_user_error(edgespec(env, "pair", "derive", smollm2_q4_path, "--quant", "Q9"),
                       "unknown quantisation 'Q9'", "Q4_K_M")
     assert_user_error(edgespec(env, "pair", "derive", tmp_path / "none.gguf"), "no such file")
+
+
+def test_rm_removes_a_derived_draft_from_the_models_folder(tmp_path, smollm2_q4_path):
+    models = tmp_path / "models"
+    env = {**os.environ, "EDGESPEC_MODELS": str(models)}
+    proc = edgespec(env, "pair", "derive", smollm2_q4_path, "--quant", "Q2_K")
+    assert proc.returncode == 0, proc.stderr
+    draft = models / "SmolLM2-135M-Instruct.Q4_1.draft-Q2_K.gguf"
+    assert draft.is_file() and f"edgespec rm {draft.name}" in proc.stderr
+
+    listed = edgespec(env, "pairs")
+    assert listed.returncode == 0 and draft.name in listed.stdout
+
+    proc = edgespec(env, "rm", draft.name)                  # by its file name
+    assert proc.returncode == 0, proc.stderr
+    assert not draft.exists() and f"{draft.name}: removed" in proc.stderr
+
+    assert edgespec(env, "pair", "derive", smollm2_q4_path, "--quant", "Q2_K").returncode == 0
+    proc = edgespec(env, "rm", draft.stem)                   # without .gguf
+    assert proc.returncode == 0 and not draft.exists(), proc.stderr
+
+    # A GGUF outside the models folder is the user's own: refused, and kept.
+    elsewhere = tmp_path / "mine.gguf"
+    elsewhere.write_bytes(smollm2_q4_path.read_bytes()[:1024])
+    assert_user_error(edgespec(env, "rm", elsewhere), "is not in the models folder")
+    assert elsewhere.is_file()

@@ -6,13 +6,16 @@
 - :mod:`.vocab` — vocabularies and the pair compatibility check
 - :mod:`.quantize` — llama.cpp's quantizer
 - :mod:`.peer` — llama-cpp-python's high-level API, for benchmarks
+- :mod:`.rpc` — llama.cpp's RPC backend (workers, endpoints, probes), through ctypes
+- :mod:`.remote` — a model whose layers are on RPC workers, run in a child process
 """
 
 from .model import LlamaModel
 from .quantize import FTYPES, check_ftype, quantize
+from .remote import RemoteModel, open_model, placement, rpc_endpoints
 from .runtime import LLAMA_CPP_VERSION, backend_info, release_free_heap
 from .vocab import GrammarVocab, VocabOnly, check_compatible, check_compatible_files
 
 __all__ = ["LlamaModel", "FTYPES", "check_ftype", "quantize", "LLAMA_CPP_VERSION",
            "backend_info", "release_free_heap", "GrammarVocab", "VocabOnly", "check_compatible",
-           "check_compatible_files"]
+           "check_compatible_files", "RemoteModel", "open_model", "placement", "rpc_endpoints"]

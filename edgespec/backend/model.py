@@ -33,9 +33,12 @@ _DECODE_ERRORS = {1: "no room in the KV cache", 2: "aborted", -1: "invalid batch
 class LlamaModel:
     """One GGUF model and one llama.cpp context (see the module docstring)."""
 
-    def __init__(self, config: ModelConfig, tap_min_vocab: Optional[int] = None):
+    def __init__(self, config: ModelConfig, tap_min_vocab: Optional[int] = None,
+                 devices: Optional[ctypes.Array] = None):
         """``tap_min_vocab``: make :meth:`eval_hidden` skip the output layer when the
-        vocabulary has at least this many entries and llama.cpp has no GPU backend."""
+        vocabulary has at least this many entries and llama.cpp has no GPU backend.
+        ``devices``: the NULL-terminated device list to offload to (``rpc.model_devices``;
+        default: llama.cpp's choice of this process's devices)."""
         ensure_init(config.verbose)
         self.config = config
         self.path = config.path
@@ -56,6 +59,9 @@ class LlamaModel:
 
         mparams = C.llama_model_default_params()
         mparams.n_gpu_layers = config.n_gpu_layers if config.n_gpu_layers >= 0 else 999
+        self._devices = devices     # llama.cpp keeps the pointer: keep the array alive
+        if devices is not None:
+            mparams.devices = ctypes.cast(devices, ctypes.c_void_p)
         self._model = C.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
             raise ModelLoadError(self.path, "llama.cpp could not load this model (unsupported "

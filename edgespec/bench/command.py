@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from ..config import SamplingParams
-from ..shell import UsageError, add_model_args, load_engine, status
+from ..config import SamplingParams, SpecConfig
+from ..shell import Progress, UsageError, add_model_args, load_engine, status
 from ..constraints import Constraint
 from .prompts import EXTRACT_SCHEMA, PROMPT_SETS
 from .report import format_report, plot, require_pyplot
@@ -19,6 +19,9 @@ def cmd_bench(args) -> int:
         ks = [int(k) for k in args.ks.split(",") if k]
     except ValueError:
         raise UsageError(f"--ks must be comma-separated integers, got {args.ks!r}") from None
+    if any(not 1 <= k <= SpecConfig.K_LIMIT for k in ks):
+        raise UsageError(f"--ks {args.ks} is invalid: draft lengths must be integers in "
+                         f"[1, {SpecConfig.K_LIMIT}]")
     if args.load < 0:
         raise UsageError(f"--load must be a number of busy processes >= 0, not {args.load}")
     if args.plot:
@@ -29,22 +32,34 @@ def cmd_bench(args) -> int:
         raw = args.raw or eng.template.is_fallback
         prompts = PROMPT_SETS[args.prompts]
         log = (lambda s: None) if args.json else status
+        mode = prompt_mode(raw, args.raw)
         log(f"target {eng.target.path.name}, draft "
             f"{eng.draft.path.name if eng.draft else '-'}, backend {eng.info()['backend']}, "
-            f"{len(prompts)} '{args.prompts}' prompts, {'raw' if raw else 'chat'} mode")
+            f"{len(prompts)} '{args.prompts}' prompts, {mode}")
         if args.load:
             res = run_load_bench(eng, prompts, load=args.load, max_tokens=args.max_tokens,
                                  raw=raw, repeats=args.repeats, peers=not args.no_peers,
                                  log=log)
-            print(json.dumps(res) if args.json else format_load_report(res))
+            res.update(prompt_set=args.prompts, prompt_mode="raw" if raw else "chat")
+            print(json.dumps(res) if args.json else format_load_report(res) + f"\n{mode}")
             return 0
         res = run_bench(eng, prompts, max_tokens=args.max_tokens, sampling=sampling, raw=raw,
                         ks=ks, repeats=args.repeats, peers=not args.no_peers, log=log,
                         constraint=constraint)
+    res.update(prompt_set=args.prompts, prompt_mode="raw" if raw else "chat")
     if args.plot:
         plot(res, args.plot)
-    print(json.dumps(res) if args.json else format_report(res))
+    print(json.dumps(res) if args.json else format_report(res) + f"\n'{args.prompts}' "
+          f"prompts, {mode}")
     return 0
+
+
+def prompt_mode(raw: bool, asked: bool) -> str:
+    """How the bench sends its prompts, in words."""
+    if not raw:
+        return "chat mode: each prompt is a user message in the model's chat template"
+    why = "--raw" if asked else "the model has no chat template"
+    return f"raw mode: each prompt is continued as-is ({why})"
 
 
 def build_bench_parser(sub) -> None:
@@ -80,7 +95,9 @@ def cmd_calibrate(args) -> int:
     # Loaded with a pinned draft length: nothing is measured while loading.
     with load_engine(args, adaptive=False, recalibrate=False) as eng:
         draft = eng.draft if eng.spec.drafter not in ("ngram", "none") else None
-        cal = calibrate(eng.target, draft, head=eng.draft_head, progress=status)
+        progress = Progress()
+        cal = calibrate(eng.target, draft, head=eng.draft_head, progress=progress)
+        progress.done()
         costs = cal.costs
         sizes = ", ".join(f"{n}: {1000 * v:.1f}" for n, v in sorted(costs.target.items()))
         print(f"target {eng.target.path.name}, {eng.target.n_threads} threads: ms per pass by "

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Callable, Optional
 
@@ -61,6 +62,11 @@ class Drafters:
 
     # Refined costs are kept for the next session once this many target passes refined them.
     SAVE_AFTER = 64
+    # A calibration taken while the machine was busy is measured again between generations,
+    # first after this many seconds, then at doubling intervals, within a shorter budget,
+    # until one is quiet: that one replaces it (and is kept), so a busy start heals itself.
+    REMEASURE_AFTER = 15.0
+    REMEASURE_BUDGET = 3.0
 
     def __init__(self, spec: SpecConfig, target, draft, head: Optional[ReducedHead] = None, *,
                  recalibrate: bool = False, progress: Callable[[str], None] = lambda s: None):
@@ -68,6 +74,8 @@ class Drafters:
         self.costs: Optional[Costs] = None
         self._by_kind: dict = {}
         self._recalibrate, self._progress = recalibrate, progress
+        self._remeasure_wait = self.REMEASURE_AFTER
+        self._remeasure_at = time.monotonic() + self._remeasure_wait
         if spec.is_adaptive and spec.drafter != "none":
             self._calibrate()
 
@@ -78,6 +86,38 @@ class Drafters:
     def _calibrate(self) -> None:
         self.costs = calibrate_cached(self.target, self._measured_draft(), head=self.head,
                                       force=self._recalibrate, progress=self._progress)
+
+    def remeasure(self, force: bool = False) -> bool:
+        """Measure a busy calibration again when it is due (``force``: now); True when a
+        quiet measurement replaced it. Between generations only: it uses the models."""
+        c = self.costs
+        if c is None or not c.busy or (not force and time.monotonic() < self._remeasure_at):
+            return False
+        draft = self._measured_draft()
+        models = [m for m in (self.target, draft) if m is not None]
+        # Not while the threads are backed off (the machine is busy now), nor without room
+        # after the conversation; and unseen by the thread governors.
+        if any(len(m.tokens) + 64 > m.n_ctx or m.n_threads < m.config.n_threads
+               for m in models):
+            cal = None
+        else:
+            hooks = [m.on_step for m in models]
+            for m in models:
+                m.on_step = None
+            try:
+                cal = calibrate(self.target, draft, head=self.head,
+                                budget=self.REMEASURE_BUDGET)
+            finally:
+                for m, hook in zip(models, hooks):
+                    m.on_step = hook
+        if cal is None or not cal.quiet:
+            self._remeasure_wait *= 2
+            self._remeasure_at = time.monotonic() + self._remeasure_wait
+            return False
+        c.adopt(cal.costs)
+        CostCache(self.target, draft, self.head).save(c, "calibration")
+        self._by_kind.clear()       # policies start again on these costs (and free() copies)
+        return True
 
     def save_refined(self) -> None:
         """Keep the costs as decoding refined them (a calibration taken while the machine was
@@ -98,6 +138,7 @@ class Drafters:
         kind = ("fixed" if not spec.is_adaptive else
                 "greedy" if sampling.greedy else
                 "seeded" if sampling.seed is not None else "sampled")
+        self.remeasure()
         if kind not in self._by_kind:
             if kind != "fixed" and self.costs is None:
                 self._calibrate()

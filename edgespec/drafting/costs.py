@@ -34,6 +34,13 @@ class Costs:
     draft: float
     ema: float = 0.05
     observed: int = 0       # target passes measured since these costs were made
+    busy: bool = False      # measured while the machine was busy: to be measured again
+
+    def adopt(self, other: "Costs") -> None:
+        """Take ``other``'s figures in place (the policies and thread governors that share
+        this object see them at once)."""
+        self.target, self.draft, self.busy = dict(other.target), other.draft, other.busy
+        self._table()
 
     def __post_init__(self) -> None:
         self._table()
@@ -103,7 +110,8 @@ class Calibration:
 def calibrate(target: LanguageModel, draft: Optional[LanguageModel],
               sizes: Sequence[int] = (1, 2, 4, 8, 16, 33), reps: int = 2,
               head: Optional[ReducedHead] = None,
-              progress: Callable[[str], None] = lambda s: None) -> Calibration:
+              progress: Callable[[str], None] = lambda s: None,
+              budget: Optional[float] = None) -> Calibration:
     """Measure the target's seconds per batch of n tokens and the draft's per token (through
     ``head`` when the draft uses a reduced output layer).
 
@@ -112,10 +120,16 @@ def calibrate(target: LanguageModel, draft: Optional[LanguageModel],
     machine busy (``quiet=False``). Uses the models' caches after their current contents and
     restores them afterwards.
     """
+    budget = CALIBRATION_BUDGET if budget is None else budget
     t_start = time.perf_counter()
     spread = [1.0]
+    sizes = [n for n in sizes if n <= min(target.n_outputs_max, target.n_batch)]
+    steps = [0, len(sizes) + 2 + 2 * (draft is not None)]    # warm-ups, sizes, draft, again
 
     def timed(model: LanguageModel, n: int) -> float:
+        steps[0] += 1
+        progress(f"measuring the models' speed (once per model and setting) "
+                 f"{steps[0]}/{steps[1]}…")
         base = len(model.tokens)
         tok = model.vocab.bos if model.vocab.bos >= 0 else 0
         times = []
@@ -132,8 +146,6 @@ def calibrate(target: LanguageModel, draft: Optional[LanguageModel],
         spread.append(max(times) / min(times))
         return min(times)
 
-    sizes = [n for n in sizes if n <= min(target.n_outputs_max, target.n_batch)]
-    progress("measuring the models' speed (once per model and setting)…")
     # Untimed warm-up: the first passes after a load fault in the mapped weights and set up
     # llama.cpp's buffers, and run a third slower (docs/decisions.md).
     for model in (target, draft):
@@ -143,13 +155,13 @@ def calibrate(target: LanguageModel, draft: Optional[LanguageModel],
     target_costs = {}
     for n in sizes:
         target_costs[n] = timed(target, n)
-        if time.perf_counter() - t_start > CALIBRATION_BUDGET and len(target_costs) >= 2:
+        if time.perf_counter() - t_start > budget and len(target_costs) >= 2:
             progress("the machine is busy: measuring less, and not keeping it")
             break
     draft_cost = timed(draft, 1) if draft is not None else FREE_DRAFT
     again = timed(target, sizes[0])
     elapsed = time.perf_counter() - t_start
-    quiet = (max(spread) <= STEADY and elapsed <= CALIBRATION_BUDGET
+    quiet = (max(spread) <= STEADY and elapsed <= budget
              and max(again, target_costs[sizes[0]]) <= STEADY * min(again,
                                                                    target_costs[sizes[0]]))
     return Calibration(Costs(target_costs, draft_cost), quiet, elapsed)
@@ -159,7 +171,7 @@ def _fingerprint(model: HiddenStateModel) -> str:
     st = model.path.stat()
     c = model.config
     return f"{model.path.resolve()}|{st.st_size}|{int(st.st_mtime)}|t{c.n_threads}|" \
-           f"ngl{c.n_gpu_layers}"
+           f"ngl{c.n_gpu_layers}" + (f"@rpc={','.join(c.rpc)}" if getattr(c, "rpc", ()) else "")
 
 
 def _current(key: str, entry) -> bool:
@@ -239,4 +251,4 @@ def calibrate_cached(target, draft, head: Optional[ReducedHead] = None, *,
     cal = calibrate(target, draft, head=head, progress=progress)
     if cal.quiet:
         cache.save(cal.costs, "calibration")
-    return Costs(dict(cal.costs.target), cal.costs.draft)
+    return Costs(dict(cal.costs.target), cal.costs.draft, busy=not cal.quiet)

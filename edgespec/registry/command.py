@@ -57,8 +57,15 @@ def cmd_pairs(args) -> int:
             print(f"    {role:6} {m:34} {size:>9}  {st:10}  {where}")
         if args.verbose:
             print(f"    why: {p.why}")
-    print("\n`edgespec pull NAME` downloads a pair; `edgespec rm NAME` frees its space; "
-          "`-v` says why each draft suits its target.", file=sys.stderr)
+    own = _unlisted_files()
+    if own:
+        print(f"{'your models':20} {'':18} files in {own[0].parent} (e.g. made by "
+              "`edgespec pair derive`)")
+        for p in own:
+            print(f"    {p.name:41} {_size(p.stat().st_size):>9}")
+    print("\n`edgespec pull NAME` downloads a pair; `edgespec rm NAME` frees its space (a "
+          "file of your own: `edgespec rm FILE.gguf`); `-v` says why each draft suits its "
+          "target.", file=sys.stderr)
     return 0
 
 
@@ -105,16 +112,26 @@ def cmd_pull(args) -> int:
 
 
 def cmd_rm(args) -> int:
+    from .. import paths
     from . import pairs
     from .downloads import human_size
     for name in args.names:
-        if _is_hub_spec(name):
+        if Path(name).expanduser().is_file() and _own_file(name) is None:
+            raise EdgespecError(f"{name} is not in the models folder ({paths.models_dir()}): "
+                                "edgespec removes only the files it keeps there")
+        if _is_hub_spec(name) and _own_file(name) is None:
             from .hub import HubFile, remove
             freed = remove(HubFile.parse(name))
             _status(f"{name}: " + (f"removed, {human_size(freed)} freed" if freed
                                   else "not downloaded"))
             continue
         reg = pairs.registry()
+        local = None if name in reg.pairs or name in reg.models else _own_file(name)
+        if local is not None:           # e.g. a draft made by `edgespec pair derive`
+            size = local.stat().st_size
+            local.unlink()
+            _status(f"{local.name}: removed, {human_size(size)} freed")
+            continue
         for m in reg.models_of(name):
             freed = pairs.remove_model(m.name)
             others = [p for p in reg.pairs_using(m.name) if p != name]
@@ -122,6 +139,28 @@ def cmd_rm(args) -> int:
             _status(f"{m.name}: " + (f"removed, {human_size(freed)} freed{note}" if freed
                                     else "not downloaded"))
     return 0
+
+
+def _own_file(name: str) -> Optional[Path]:
+    """The GGUF file in the models folder that ``name`` names (its file name, with or without
+    ``.gguf``, or its path), or None: files elsewhere are the user's own, never removed."""
+    from .. import paths
+    folder = paths.models_dir().expanduser().resolve()
+    for p in (Path(name).expanduser(), folder / name, folder / f"{name}.gguf"):
+        if p.suffix == ".gguf" and p.is_file() and p.resolve().parent == folder:
+            return p
+    return None
+
+
+def _unlisted_files() -> list[Path]:
+    """GGUF files in the models folder that no registry entry names: drafts made by
+    `edgespec pair derive`, and anything put there by hand."""
+    from .. import paths
+    from .pairs import registry
+    known = {m.file for m in registry().models.values()}
+    folder = paths.models_dir()
+    return sorted(p for p in folder.glob("*.gguf") if p.name not in known) \
+        if folder.is_dir() else []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -141,6 +180,8 @@ def cmd_pair_derive(args) -> int:
         _status("note: the draft is not much smaller than the target, so drafting costs nearly "
                 "as much as verifying; pick a lower --quant (e.g. Q2_K) for a real speed-up")
     _status(f"run: edgespec chat --target {target} --draft {draft}")
+    if _own_file(str(draft)) is not None:
+        _status(f"remove it with: edgespec rm {draft.name}")
     return 0
 
 

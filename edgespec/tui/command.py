@@ -15,8 +15,8 @@ from typing import Iterable, Optional
 from .. import paths
 from ..config import CHAT_MAX_TOKENS
 from ..errors import InvalidParameterError
-from ..shell import (add_model_args, add_sampling_args, load_engine, model_label,
-                     sampling_from_args, status)
+from ..shell import (add_model_args, add_sampling_args, chat_format_note, load_engine,
+                     model_label, sampling_from_args, status)
 
 
 def build_chat_parser(sub) -> None:
@@ -74,18 +74,20 @@ def cmd_chat(args) -> int:
         raise InvalidParameterError("max_tokens", args.max_tokens, "an integer >= 1")
     terminal = sys.stdin.isatty() and sys.stdout.isatty()
     label = model_label(args)
-    if terminal:
-        status(f"loading {label}…")
     with load_engine(args) as engine:
         session = ChatSession(engine, label=label, sampling=sampling,
                               max_tokens=args.max_tokens, system=args.system)
-        session.measure_plain_speed()
+        note = chat_format_note(engine)
         if not terminal:
+            if note:
+                status(note)
             return run_lines(Repl(session, Printer(sys.stdout, sys.stderr, can_color=False)),
                              sys.stdin)
         from .app import build_prompt, run_terminal   # prompt_toolkit loads only here
         printer = Printer(sys.stdout, sys.stdout, terminal=True,
                           can_color=not args.plain and not os.environ.get("NO_COLOR"))
         printer.say(banner(session, printer.colors))
+        if note:
+            printer.notice(note)
         prompt = build_prompt(session, history=history_path(), plain=args.plain)
         return run_terminal(Repl(session, printer, terminal=True), prompt)

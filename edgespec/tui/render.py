@@ -87,13 +87,11 @@ def plural(n: int, word: str) -> str:
 
 
 def status_line(session: ChatSession, turn: Optional[Turn] = None) -> str:
-    """Pair, backend, speed, acceptance, tokens per target pass, speedup, context used."""
+    """Pair, backend, speed, acceptance, tokens per target pass, the estimated speed-up (only
+    with the evidence for it) or that the draft does not pay, context used."""
     parts = [session.label, session.backend]
     if turn is not None:
         parts.append(turn.generation.stats.summary())
-        if turn.generation.stats.speculative:
-            x = session.speedup(turn)
-            parts.append(f"≈{x:.2f}× plain speed" if x is not None else "speedup unknown")
     parts.append(f"context {session.context_used}/{session.engine.n_ctx}")
     return " · ".join(parts)
 
@@ -118,7 +116,26 @@ def stats_text(session: ChatSession) -> str:
     lines.append(f"session: {plural(t.answers, 'answer')} ({t.interrupted} interrupted), "
                  f"{plural(t.tokens, 'token')}{acc}, "
                  f"{plural(session.conversation.n_turns, 'turn')} in the conversation")
-    plain = session.plain_tokens_per_second
-    lines.append("plain decoding reference: " + (f"{plain:.1f} tok/s" if plain else "not measured"))
+    if session.last is not None and session.last.generation.stats.speculative:
+        lines.append("speed-up: " + speedup_basis(session.last.generation.stats))
     lines.append("settings: " + settings_line(session))
     return "\n".join(lines)
+
+
+def speedup_basis(s) -> str:
+    """How the last answer's speed-up was estimated, or why it was not (``s``: its stats)."""
+    lp = s.loop
+    if s.decoding_plainly:
+        return (f"none: {lp.plain_passes} of {lp.target_passes} rounds drafted nothing (the "
+                "cost model found that drafting does not pay on this machine now)")
+    rounds = lp.target_passes - lp.plain_passes
+    if not s.plain_pass_seconds or not lp.emitted:
+        return "not estimated: no plain target pass was measured (a pinned draft length)"
+    per_token = (lp.draft_seconds + lp.verify_seconds) / lp.emitted
+    basis = (f"a plain target pass {1000 * s.plain_pass_seconds:.1f} ms against "
+             f"{1000 * per_token:.1f} ms per token drafting and verifying")
+    x = s.speedup_estimate
+    if x is None:
+        return (f"not estimated: {plural(rounds, 'drafting round')}, fewer than "
+                f"{s.MIN_DRAFT_ROUNDS} ({basis})")
+    return f"≈{x:.2f}× ({basis}; at most the tokens per target pass)"

@@ -24,11 +24,6 @@ if TYPE_CHECKING:  # the engine (numpy, llama.cpp) loads only when a chat starts
 SAMPLING_SETTINGS = ("temperature", "top_k", "top_p", "min_p")
 SETTINGS = SAMPLING_SETTINGS + ("seed", "max_tokens", "draft_max")
 
-# Plain decoding speed is measured once on this text, to estimate the speedup of answers.
-_REFERENCE_PROMPT = "Once upon a time, in a small village by the sea,"
-_REFERENCE_TOKENS = 16
-
-
 class ChatError(EdgespecError):
     """A chat command that cannot be carried out (the message says what is valid)."""
 
@@ -92,7 +87,6 @@ class ChatSession:
         self.conversation = Conversation(system)
         self.last: Optional[Turn] = None
         self.totals = Totals()
-        self.plain_tokens_per_second: Optional[float] = None
         self.constraint: Optional["Constraint"] = None     # /format: answers' required shape
         self.format_label = "text"
         self.told_busy = False      # said once that threads backed off on a busy machine
@@ -145,29 +139,6 @@ class ChatSession:
     def _record(self, turn: Turn) -> None:
         self.last = turn
         self.totals.add(turn)
-        s = turn.generation.stats
-        if not s.speculative and s.completion_tokens >= 8:
-            self.plain_tokens_per_second = s.tokens_per_second
-
-    # -- speed ----------------------------------------------------------------------------
-
-    def measure_plain_speed(self) -> None:
-        """Time a short plain decode, the reference for :meth:`speedup` (skipped when there
-        is nothing to compare: no drafter)."""
-        if not self.can_speculate:
-            return
-        g = self.engine.generate(_REFERENCE_PROMPT, raw=True, max_tokens=_REFERENCE_TOKENS,
-                                 sampling=self.sampling, speculative=False)
-        if g.stats.completion_tokens >= 4:
-            self.plain_tokens_per_second = g.stats.tokens_per_second
-
-    def speedup(self, turn: Turn) -> Optional[float]:
-        """Estimated speedup of a speculative answer: its decoding speed over plain decoding
-        speed (measured at start-up, or on the last answer given with speculation off)."""
-        s = turn.generation.stats
-        if not s.speculative or not self.plain_tokens_per_second or s.completion_tokens < 2:
-            return None
-        return s.tokens_per_second / self.plain_tokens_per_second
 
     @property
     def context_used(self) -> int:

@@ -1,0 +1,94 @@
+"""A calibration that cannot poison itself (issue 16): a busy measurement is measured again
+and replaced once the machine is quiet, and costs refined while decoding are kept for the
+next process. Real models through real llama.cpp; what counts as busy is fixed by the test
+(the thresholds are patched), never by how busy this machine happens to be."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from edgespec import Engine, SamplingParams
+from edgespec.drafting import Drafters, costs as costs_module
+
+GREEDY = SamplingParams(temperature=0.0)
+PROMPTS = ["Give three tips for learning a new language.",
+           "Explain how a rainbow forms, in a short paragraph."]
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "edgespec" / "calibration.json"
+
+
+def entries(cache) -> dict:
+    return json.loads(cache.read_text()) if cache.is_file() else {}
+
+
+def load(target, draft):
+    # Pinned threads: no governor backs off on a shared machine (close() would then not keep
+    # the refined costs, by design).
+    return Engine.load(target=target, draft=draft, n_ctx=1024, n_threads=2)
+
+
+def test_a_busy_calibration_is_measured_again_and_the_quiet_one_kept(
+        cache, monkeypatch, smollm2_f32_path, smollm2_q4_path):
+    monkeypatch.setattr(costs_module, "STEADY", 0.5)           # every measurement is "busy"
+    with load(smollm2_f32_path, smollm2_q4_path) as eng:
+        costs = eng._drafting.costs
+        assert costs.busy and not cache.exists()                # used, not kept
+        busy_t1 = costs.t(1)
+        # Not due yet: the first answers run on the busy figures.
+        eng.generate(PROMPTS[0], max_tokens=8, sampling=GREEDY)
+        assert costs.busy
+
+        # Still busy when it is due: measured again, not kept, next try later.
+        eng._drafting._remeasure_at = 0.0
+        wait = eng._drafting._remeasure_wait
+        eng.generate(PROMPTS[0], max_tokens=8, sampling=GREEDY)
+        assert costs.busy and not cache.exists() and eng._drafting._remeasure_wait == 2 * wait
+
+        # The machine is quiet now: the next due answer measures again and keeps it.
+        monkeypatch.setattr(costs_module, "STEADY", 1e9)
+        monkeypatch.setattr(Drafters, "REMEASURE_BUDGET", 1e9)
+        eng._drafting._remeasure_at = 0.0
+        out = eng.generate(PROMPTS[1], max_tokens=24, sampling=GREEDY)
+        assert out.text and not costs.busy
+        assert costs is eng._drafting.costs and costs.t(1) != busy_t1   # replaced in place
+        (entry,) = entries(cache).values()
+        assert entry["source"] == "calibration"
+        assert entry["target"]["1"] == pytest.approx(costs.t(1), rel=0.5)
+
+
+def test_refined_costs_are_kept_and_the_next_process_starts_from_them(
+        cache, monkeypatch, smollm2_f32_path, smollm2_q4_path):
+    monkeypatch.setattr(costs_module, "STEADY", 1e9)
+    monkeypatch.setattr(costs_module, "CALIBRATION_BUDGET", 1e9)
+    with load(smollm2_f32_path, smollm2_q4_path) as eng:
+        costs = eng._drafting.costs
+        # A start as wrong as a calibration taken on a machine ten times slower.
+        costs.adopt(costs_module.Costs({n: 10 * v for n, v in costs.target.items()},
+                                       10 * costs.draft))
+        poisoned = costs_module.Costs(dict(costs.target), costs.draft)
+        i = 0
+        while costs.observed < Drafters.SAVE_AFTER:
+            eng.generate(PROMPTS[i % 2], max_tokens=64, sampling=GREEDY)
+            i += 1
+            assert i < 20, "the loop never refined the costs"
+        refined = {n: costs.t(n) for n in costs.target}, costs.draft
+    (entry,) = entries(cache).values()
+    assert entry["source"] == "refined"
+    saved = {int(n): v for n, v in entry["target"].items()}
+    assert saved == pytest.approx(refined[0]) and entry["draft"] == pytest.approx(refined[1])
+    # Every draft step moved the draft's cost, and every target pass its batch size's, toward
+    # what they measure: far below ten times the calibration.
+    assert entry["draft"] < poisoned.draft
+    assert any(saved[n] < poisoned.target[n] for n in saved)
+
+    with load(smollm2_f32_path, smollm2_q4_path) as eng:     # the next process
+        start = eng._drafting.costs
+        assert not start.busy
+        assert start.target == pytest.approx(saved) and start.draft == pytest.approx(
+            entry["draft"])

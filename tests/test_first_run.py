@@ -1,0 +1,102 @@
+"""The first run as a new user meets it (issue 16): a line that says what loading is doing
+while the models load and are measured, arguments refused before anything loads, and one
+clear note for a model with no chat template."""
+
+from __future__ import annotations
+
+import os
+import pty
+import subprocess
+import sys
+import time
+
+import pytest
+
+EDGESPEC = [sys.executable, "-m", "edgespec"]
+
+
+def run_with_terminal_stderr(args, env) -> tuple[int, str, bytes]:
+    """Run edgespec with stderr on a pseudo-terminal (stdout a pipe): (rc, stdout, the raw
+    bytes written to the terminal)."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(EDGESPEC + args, stdout=subprocess.PIPE, stderr=slave,
+                            stdin=subprocess.DEVNULL, env=env)
+    os.close(slave)
+    raw = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:             # the child closed the terminal
+            break
+        if not chunk:
+            break
+        raw += chunk
+    out = proc.stdout.read().decode()
+    rc = proc.wait(timeout=600)
+    os.close(master)
+    return rc, out, raw
+
+
+@pytest.mark.real
+def test_loading_and_calibrating_show_a_changing_line(tmp_path, smollm2_f32_path,
+                                                      smollm2_q4_path):
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))   # nothing measured yet
+    rc, out, raw = run_with_terminal_stderr(
+        ["run", "What is the capital of France?", "--target", str(smollm2_f32_path),
+         "--draft", str(smollm2_q4_path), "--temperature", "0", "-n", "12"], env)
+    assert rc == 0, raw.decode(errors="replace")
+    text = raw.decode()
+    steps = [s for s in text.split("\r\x1b[K") if s]
+    assert steps[0] == f"loading the target {smollm2_f32_path.name}…"
+    assert steps[1] == f"loading the draft {smollm2_q4_path.name}…"
+    measuring = [s for s in steps if s.startswith("measuring the models' speed")]
+    assert len(measuring) >= 8                          # one per measurement, counted
+    assert measuring[0].endswith(" 1/10…") and measuring[-1].endswith(" 10/10…")
+    # The step line is cleared before the summary; the answer itself is on stdout.
+    assert steps[-1].lstrip().startswith("[") and "tok/s" in steps[-1]
+    assert "Paris" in out
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["run", "hi", "--max-tokens", "0"], "--max-tokens 0 is invalid"),
+    (["run", "hi", "--ctx-size", "8"], "--ctx-size 8 is invalid"),
+    (["run", "hi", "--threads", "0"], "--threads 0 is invalid"),
+    (["run", "hi", "--draft-max", "-1"], "--draft-max -1 is invalid"),
+    (["run", "hi", "--draft-p-min", "1.5"], "--draft-p-min 1.5 is invalid"),
+    (["run", "hi", "--n-gpu-layers", "-2"], "--n-gpu-layers -2 is invalid"),
+    (["run", "hi", "--temperature", "-1"], "temperature=-1.0 is invalid"),
+    (["chat", "--max-tokens", "0"], "max_tokens=0 is invalid"),
+    (["chat", "--draft-n-gpu-layers", "-3"], "--draft-n-gpu-layers -3 is invalid"),
+    (["serve", "--port", "70000"], "--port 70000"),
+    (["serve", "--ctx-size", "0"], "--ctx-size 0 is invalid"),
+    (["bench", "-n", "0"], "--max-tokens 0 is invalid"),
+    (["bench", "--repeats", "0"], "--repeats 0 is invalid"),
+    (["bench", "--ks", "2,0"], "--ks 2,0 is invalid"),
+    (["calibrate", "--threads", "-1"], "--threads -1 is invalid"),
+])
+def test_bad_numbers_are_refused_before_any_model_loads(tmp_path, args, fragment):
+    # A model path that does not exist: had anything tried to load, the error would name it.
+    target = tmp_path / "no-such-model.gguf"
+    start = time.monotonic()
+    proc = subprocess.run(EDGESPEC + args + ["--target", str(target)], capture_output=True,
+                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: "), proc.stderr
+    assert fragment in proc.stderr and "no-such-model" not in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert time.monotonic() - start < 30
+
+
+@pytest.mark.real
+def test_a_model_without_a_chat_template_gets_one_note_in_the_chat(gemma_f32_path,
+                                                                  gemma_q4_path):
+    proc = subprocess.run(EDGESPEC + ["chat", "--target", str(gemma_f32_path), "--draft",
+                                      str(gemma_q4_path), "--max-tokens", "4"],
+                          input="The capital of France is\n", capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    notes = [ln for ln in proc.stderr.splitlines() if "chat template" in ln]
+    assert notes == [f"note: {gemma_f32_path.name}: the model has no chat template, so "
+                     "messages are sent in the ChatML format; a base model may continue that "
+                     "markup instead of answering (`edgespec run` completes a prompt as-is)"]
+    assert "as-is" not in proc.stderr.replace(notes[0], "")
