@@ -35,6 +35,17 @@ def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 30.0) ->
     raise RuntimeError(f"nothing listens on {port} after {timeout:g} s")
 
 
+def end(proc: subprocess.Popen) -> None:
+    """End a process by its pid: SIGTERM, then SIGKILL after 10 s."""
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 class Worker:
     """One `edgespec worker` on 127.0.0.1; ``stop()`` ends it by its pid (SIGTERM, then
     SIGKILL), ``kill()`` kills it as a crash would, ``start()`` starts it again on its port."""
@@ -70,13 +81,8 @@ class Worker:
             self.proc.wait()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        if self.proc is not None:
+            end(self.proc)
 
 
 class Relay:
@@ -93,10 +99,4 @@ class Relay:
         return f"127.0.0.1:{self.port}"
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        end(self.proc)

@@ -30,6 +30,20 @@ from .vocab import read_vocab, token_text
 _DECODE_ERRORS = {1: "no room in the KV cache", 2: "aborted", -1: "invalid batch"}
 
 
+def check_eval(model, tokens: Sequence[int], n_logits: int) -> int:
+    """The bounds of ``eval(tokens, n_logits)`` on ``model`` (which has ``tokens``, ``n_ctx``
+    and ``n_outputs_max``), checked before llama.cpp would abort; returns ``len(tokens)``."""
+    n = len(tokens)
+    if n == 0:
+        raise ValueError("eval() needs at least one token")
+    if not 0 <= n_logits <= min(n, model.n_outputs_max):
+        raise ValueError(f"n_logits={n_logits} must be in [0, min({n}, "
+                         f"{model.n_outputs_max})]")
+    if len(model.tokens) + n > model.n_ctx:
+        raise ContextOverflowError(len(model.tokens) + n, model.n_ctx)
+    return n
+
+
 class LlamaModel:
     """One GGUF model and one llama.cpp context (see the module docstring)."""
 
@@ -170,14 +184,7 @@ class LlamaModel:
         buffer: valid until the next ``eval``; copy what must outlive it. Tokens longer than
         ``n_batch`` are sent in several ``llama_decode`` calls.
         """
-        n = len(tokens)
-        if n == 0:
-            raise ValueError("eval() needs at least one token")
-        if not 0 <= n_logits <= min(n, self.n_outputs_max):
-            raise ValueError(f"n_logits={n_logits} must be in [0, min({n}, "
-                             f"{self.n_outputs_max})]")
-        if len(self.tokens) + n > self.n_ctx:
-            raise ContextOverflowError(len(self.tokens) + n, self.n_ctx)
+        n = check_eval(self, tokens, n_logits)
         self._check_open()
         for start in range(0, n, self.n_batch):
             chunk = tokens[start:start + self.n_batch]

@@ -32,7 +32,7 @@ from ..config import ModelConfig
 from ..errors import (BackendError, ContextOverflowError, InvalidParameterError, ModelLoadError,
                       RPCError)
 from ..gguf_file import GGUFInfo, check_causal_lm, read_gguf
-from .model import LlamaModel
+from .model import LlamaModel, check_eval
 from .rpc import probe
 from .vocab import VocabOnly
 
@@ -209,16 +209,9 @@ class RemoteModel:
     # -- the model protocol ---------------------------------------------------------------
 
     def eval(self, tokens: Sequence[int], n_logits: int = 1) -> np.ndarray:
-        n = len(tokens)
-        if n == 0:
-            raise ValueError("eval() needs at least one token")
-        if not 0 <= n_logits <= min(n, self.n_outputs_max):
-            raise ValueError(f"n_logits={n_logits} must be in [0, min({n}, "
-                             f"{self.n_outputs_max})]")
+        n = check_eval(self, tokens, n_logits)
         if self._proc is None:
             self._restart()
-        if len(self.tokens) + n > self.n_ctx:
-            raise ContextOverflowError(len(self.tokens) + n, self.n_ctx)
         steps = self._call("eval", list(tokens), n_logits,
                            timeout=PASS_TIMEOUT + PASS_PER_TOKEN * n)
         self.tokens.extend(tokens)

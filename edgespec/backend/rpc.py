@@ -28,7 +28,7 @@ import llama_cpp.llama_cpp as C
 
 from ..config import RPC_PORT as DEFAULT_PORT
 from ..errors import InvalidParameterError, RPCError
-from .runtime import ensure_init, ggml
+from .runtime import device_handles, ensure_init, ggml
 
 PROBE_TIMEOUT = 5.0          # seconds for a worker to accept and answer HELLO
 REBUILD = ('rebuild llama-cpp-python with CMAKE_ARGS="-DGGML_RPC=on" pip install '
@@ -210,17 +210,7 @@ def model_devices(endpoints: Sequence[str], local: bool = True) -> ctypes.Array:
     return (ctypes.c_void_p * (len(devs) + 1))(*devs, None)
 
 
-def _local_devices() -> list[tuple[int, int]]:
-    """(device, type) for each device registered in this process (type 0 CPU, 1 GPU, 2 iGPU,
-    3 accelerator)."""
-    lib = ggml()
-    if lib is None:
-        return []
-    out = []
-    for i in range(lib.ggml_backend_dev_count()):
-        dev = lib.ggml_backend_dev_get(i)
-        out.append((dev, lib.ggml_backend_dev_type(dev)))
-    return out
+_local_devices = device_handles      # this process's own devices (never a worker's)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -92,19 +92,24 @@ def _declare(lib: ctypes.CDLL) -> None:
         fn.restype, fn.argtypes = res, args
 
 
-def devices() -> list[dict]:
-    """The compute devices llama.cpp was built with (CPU, CUDA, Metal, RPC servers …)."""
+def device_handles() -> list[tuple[int, int]]:
+    """(``ggml_backend_dev_t``, type) of each device registered in this process (type 0 CPU,
+    1 GPU, 2 iGPU, 3 accelerator); [] without the ggml library."""
     ensure_init()
     lib = ggml()
     if lib is None:
         return []
-    out = []
-    for i in range(lib.ggml_backend_dev_count()):
-        dev = lib.ggml_backend_dev_get(i)
-        out.append({"name": lib.ggml_backend_dev_name(dev).decode(),
-                    "description": lib.ggml_backend_dev_description(dev).decode(),
-                    "type": _DEVICE_KINDS.get(lib.ggml_backend_dev_type(dev), "other")})
-    return out
+    handles = [lib.ggml_backend_dev_get(i) for i in range(lib.ggml_backend_dev_count())]
+    return [(dev, lib.ggml_backend_dev_type(dev)) for dev in handles]
+
+
+def devices() -> list[dict]:
+    """The compute devices llama.cpp was built with (CPU, CUDA, Metal, RPC servers …)."""
+    handles = device_handles()
+    lib = ggml()
+    return [{"name": lib.ggml_backend_dev_name(dev).decode(),
+             "description": lib.ggml_backend_dev_description(dev).decode(),
+             "type": _DEVICE_KINDS.get(kind, "other")} for dev, kind in handles]
 
 
 def gpu_devices() -> list[dict]:
