@@ -58,18 +58,25 @@ def smol(smollm2_f32_path, smollm2_q4_path):
         yield eng
 
 
+def plain_and_speculative(eng, target_path, prompt, constraint, max_tokens):
+    """The constrained greedy answer without and with speculation, checked to be the same
+    tokens (check_greedy_equivalent); returns both generations."""
+    plain = eng.generate(prompt, raw=True, max_tokens=max_tokens, sampling=GREEDY,
+                         constraint=constraint, speculative=False)
+    spec = eng.generate(prompt, raw=True, max_tokens=max_tokens, sampling=GREEDY,
+                        constraint=constraint)
+    check_greedy_equivalent(target_path, eng.prompt_tokens(prompt, raw=True), plain.tokens,
+                            spec.tokens)
+    return plain, spec
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_greedy_constrained_speculative_equals_constrained_plain(smol, smollm2_f32_path, case):
     constraint, template = CASES[case]
     drafted = 0
     for t in TEXTS:
         prompt = template.format(t=t)
-        plain = smol.generate(prompt, raw=True, max_tokens=48, sampling=GREEDY,
-                              constraint=constraint, speculative=False)
-        spec = smol.generate(prompt, raw=True, max_tokens=48, sampling=GREEDY,
-                             constraint=constraint)
-        check_greedy_equivalent(smollm2_f32_path, smol.prompt_tokens(prompt, raw=True),
-                                plain.tokens, spec.tokens)
+        plain, spec = plain_and_speculative(smol, smollm2_f32_path, prompt, constraint, 48)
         assert spec.finish_reason == plain.finish_reason
         drafted += spec.stats.drafted
         if spec.finish_reason == "stop" and constraint.kind == "json_schema":
@@ -84,12 +91,7 @@ def test_gemma_pair_constrained_with_the_reduced_head(gemma_f32_path, gemma_q4_p
         for case in ("schema", "regex"):
             constraint, template = CASES[case]
             prompt = template.format(t=TEXTS[0])
-            plain = eng.generate(prompt, raw=True, max_tokens=40, sampling=GREEDY,
-                                 constraint=constraint, speculative=False)
-            spec = eng.generate(prompt, raw=True, max_tokens=40, sampling=GREEDY,
-                                constraint=constraint)
-            check_greedy_equivalent(gemma_f32_path, eng.prompt_tokens(prompt, raw=True),
-                                    plain.tokens, spec.tokens)
+            plain, spec = plain_and_speculative(eng, gemma_f32_path, prompt, constraint, 40)
             assert spec.stats.drafted > 0 and spec.stats.grammar_seconds > 0
 
 
