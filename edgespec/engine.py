@@ -386,9 +386,10 @@ class Engine:
         if owner is not None:
             owner.close()
         self._turnstile.wait_idle()
-        # Refined costs are kept unless the machine was busy (the threads backed off): the
-        # next session starts from them.
-        if not self.threads["backed_off"]:
+        # Refined costs are kept for the next session when they describe every thread: each
+        # governor has run its last steps at its full count (the costs' moving averages have
+        # forgotten a spell on fewer threads by then).
+        if all(g.settled for g in self._governors.values()):
             self._drafting.save_refined()
         with self._life:
             if self.draft is not None:

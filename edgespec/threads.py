@@ -11,6 +11,11 @@ machine, and the draft and the target need not agree, so each model gets a
 * on fewer threads than it may use, it probes one more now and then (briefly, at growing
   intervals while probes fail) and keeps it when steps are faster there.
 
+Where the system says how busy its cores are (Linux, :mod:`edgespec.cpuload`), the governor
+also asks how many cores other processes use: a slow step while nobody else runs is not a
+stall (no back-off), and one more thread is probed only when a core is free for it, so under
+a heavy load no probe sits in a stall; fewer threads are probed only when someone else runs.
+
 Step times are compared per token of work: each step's seconds are divided by the calibrated
 cost shape of its batch size (``shape(n)``, 1 for a one-token step), so prefill batches,
 verify passes of different K and single draft steps all count. Pure logic: the caller times
@@ -20,7 +25,10 @@ the steps and applies the count (``llama_set_n_threads``).
 from __future__ import annotations
 
 import math
+import os
 from typing import Callable, Optional
+
+from .cpuload import QUIET, CpuMeter
 
 # A step this many times slower than the best recent step at the same count is a stall.
 STALL = 1.8
@@ -31,6 +39,10 @@ ABORT = 2.0
 PROBE_STEPS = 6
 PROBE_FIRST = 4.0           # seconds of decoding before the first probe
 PROBE_MAX = 16.0            # the longest wait between probes (it doubles while they fail)
+# Steps in a row at the full count after which costs measured meanwhile describe it.
+SETTLED_STEPS = 64
+# One more thread is probed only when other processes leave this much of a core free for it.
+ROOM = 0.7
 
 
 class ThreadGovernor:
@@ -38,10 +50,16 @@ class ThreadGovernor:
     size and duration and returns the count to use from the next step on."""
 
     def __init__(self, max_threads: int, shape: Callable[[int], float] = lambda n: 1.0,
-                 reference: Optional[float] = None):
+                 reference: Optional[float] = None,
+                 others: Callable[[], Optional[float]] = lambda: None,
+                 cores: Optional[int] = None):
         """``reference``: seconds per unit of work at ``max_threads`` measured on a quiet
-        machine (calibration), so a machine that is busy from the first step is noticed."""
+        machine (calibration), so a machine that is busy from the first step is noticed.
+        ``others``: cores other processes use now (:meth:`CpuMeter.others`), None where
+        unknown; ``cores``: the machine's."""
         self.max_threads = max(1, max_threads)
+        self._others = others
+        self.cores = cores or os.cpu_count() or self.max_threads
         self.threads = self.max_threads
         self.shape = shape
         # Per thread count: a fast-moving average and the best recent level of seconds per
@@ -55,9 +73,12 @@ class ThreadGovernor:
         self._probe: Optional[list[float]] = None      # units measured while probing
         self._probe_from = 0
         self.backed_off = False     # ran below max_threads at least once because of stalls
+        self.steady = 0             # steps in a row at max_threads (0 while below it)
 
     def observe(self, n_tokens: int, seconds: float) -> int:
         unit = seconds / max(self.shape(max(n_tokens, 1)), 1e-9)
+        self.steady = self.steady + 1 if self.threads == self.max_threads else 0
+        load = self._others()
         if self._probe is not None:
             self._probe.append(unit)
             here = self._avg.get(self._probe_from, math.inf)
@@ -71,17 +92,29 @@ class ThreadGovernor:
         avg = self._avg.get(t)
         self._avg[t] = unit if avg is None else avg + 0.3 * (unit - avg)
         self._best[t] = min(unit, self._best.get(t, math.inf) * 1.002)
-        if t > 1 and self._avg[t] > STALL * self._best[t] and unit > STALL * self._best[t]:
+        quiet = load is not None and load < QUIET
+        if t > 1 and self._avg[t] > STALL * self._best[t] and unit > STALL * self._best[t] \
+                and not quiet:
             self._move(t - 1)               # stalling: fewer threads, now
             self.backed_off = True
             return self.threads
         self._since_probe += seconds
         if self._since_probe >= self._probe_wait and self.max_threads > 1:
-            # Try a neighbour: one more thread (the machine may have freed), or, at the most,
-            # one fewer (the machine may have been busy since the start).
+            # Try a neighbour: one more thread (the machine may have freed) when a core is
+            # free for it, or, at the most, one fewer (the machine may have been busy since
+            # the start) when someone else runs.
+            up = t < self.max_threads
+            if load is not None and (load > self.cores - t - ROOM if up else quiet):
+                self._since_probe = 0.0     # no room / nobody else: look again later
+                return self.threads
             self._probe, self._probe_from = [], t
-            self.threads = t + 1 if t < self.max_threads else t - 1
+            self.threads = t + 1 if up else t - 1
         return self.threads
+
+    @property
+    def settled(self) -> bool:
+        """Whether the last SETTLED_STEPS steps ran on every thread this model may use."""
+        return self.steady >= SETTLED_STEPS
 
     def _move(self, t: int) -> None:
         self._avg.pop(self.threads, None)
@@ -109,6 +142,7 @@ def govern(target, draft, costs=None, pin: Optional[int] = None,
     nothing. ``costs`` (:class:`~edgespec.drafting.Costs`, or None) gives the target's cost
     shape by batch size and both models' calibrated step costs."""
     out = {}
+    meter = CpuMeter()          # one for both models: it only reads the system's counters
     for name, model in (("target", target), ("draft", draft)):
         if model is None:
             continue
@@ -124,7 +158,8 @@ def govern(target, draft, costs=None, pin: Optional[int] = None,
                     shape, reference = (lambda n: costs.t(n) / costs.t(1)), costs.t(1)
                 else:
                     reference = costs.draft
-            gov = ThreadGovernor(model.n_threads, shape or (lambda n: 1.0), reference)
+            gov = ThreadGovernor(model.n_threads, shape or (lambda n: 1.0), reference,
+                                 others=meter.others)
         else:
             model.set_threads(gov.threads)
         _attach(model, gov, shaped=name == "target" and costs is not None)

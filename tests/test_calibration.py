@@ -36,6 +36,7 @@ def test_calibration_measures_and_restores_the_cache(q4):
 def quiet(monkeypatch):
     """Whatever this machine is doing, count every calibration as quiet (these tests are
     about the cache, not about telling a busy machine)."""
+    monkeypatch.setattr(costs_module, "QUIET", 1e9)
     monkeypatch.setattr(costs_module, "STEADY", 1e9)
     monkeypatch.setattr(costs_module, "CALIBRATION_BUDGET", 1e9)
 
@@ -82,6 +83,7 @@ def test_cache_is_reused_and_drops_entries_for_files_that_are_gone(q4, tmp_path,
 
 def test_a_busy_calibration_is_used_but_not_kept(q4, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(costs_module, "QUIET", -1.0)
     monkeypatch.setattr(costs_module, "STEADY", 0.5)      # no measurement is steady enough
     said = []
     costs = calibrate_cached(q4, None, progress=said.append)
@@ -96,3 +98,13 @@ def test_a_slow_calibration_stops_early_and_is_not_kept(q4, monkeypatch):
     assert not cal.quiet and len(cal.costs.target) == 2        # the first two sizes only
     assert cal.costs.t(33) > cal.costs.t(2)                    # extended along their line
     assert any("busy" in s for s in said)
+
+
+def test_a_calibration_during_a_real_busy_process_is_not_quiet(q4):
+    from edgespec.bench.load import BusyProcesses
+    from edgespec.cpuload import _proc_stat_busy
+    if _proc_stat_busy() is None:
+        pytest.skip("no /proc/stat here: the step-time fallback is tested above")
+    with BusyProcesses(1):
+        cal = calibrate(q4, None, sizes=(1, 4))
+    assert cal.others >= 0.5 and not cal.quiet

@@ -35,6 +35,7 @@ def load(target, draft):
 
 def test_a_busy_calibration_is_measured_again_and_the_quiet_one_kept(
         cache, monkeypatch, smollm2_f32_path, smollm2_q4_path):
+    monkeypatch.setattr(costs_module, "QUIET", -1.0)
     monkeypatch.setattr(costs_module, "STEADY", 0.5)           # every measurement is "busy"
     with load(smollm2_f32_path, smollm2_q4_path) as eng:
         costs = eng._drafting.costs
@@ -51,6 +52,7 @@ def test_a_busy_calibration_is_measured_again_and_the_quiet_one_kept(
         assert costs.busy and not cache.exists() and eng._drafting._remeasure_wait == 2 * wait
 
         # The machine is quiet now: the next due answer measures again and keeps it.
+        monkeypatch.setattr(costs_module, "QUIET", 1e9)
         monkeypatch.setattr(costs_module, "STEADY", 1e9)
         monkeypatch.setattr(Drafters, "REMEASURE_BUDGET", 1e9)
         eng._drafting._remeasure_at = 0.0
@@ -64,6 +66,7 @@ def test_a_busy_calibration_is_measured_again_and_the_quiet_one_kept(
 
 def test_refined_costs_are_kept_and_the_next_process_starts_from_them(
         cache, monkeypatch, smollm2_f32_path, smollm2_q4_path):
+    monkeypatch.setattr(costs_module, "QUIET", 1e9)
     monkeypatch.setattr(costs_module, "STEADY", 1e9)
     monkeypatch.setattr(costs_module, "CALIBRATION_BUDGET", 1e9)
     with load(smollm2_f32_path, smollm2_q4_path) as eng:
@@ -92,3 +95,31 @@ def test_refined_costs_are_kept_and_the_next_process_starts_from_them(
         assert not start.busy
         assert start.target == pytest.approx(saved) and start.draft == pytest.approx(
             entry["draft"])
+
+
+def test_a_busy_calibration_heals_even_while_the_threads_are_backed_off(
+        cache, monkeypatch, smollm2_f32_path, smollm2_q4_path):
+    # The busy spell made the governors drop a thread; the quiet re-measure runs on every
+    # thread (what the cache entry describes) and leaves the governors' count as it was.
+    monkeypatch.setattr(costs_module, "QUIET", -1.0)
+    monkeypatch.setattr(costs_module, "STEADY", 0.5)
+    with Engine.load(target=smollm2_f32_path, draft=smollm2_q4_path, n_ctx=1024) as eng:
+        costs = eng._drafting.costs
+        assert costs.busy and eng.threads["adaptive"]
+        for m in (eng.target, eng.draft):
+            m.set_threads(1)
+        seen = []
+        real = costs_module.calibrate
+
+        def watched(target, draft, **kw):
+            seen.append((target.n_threads, draft.n_threads))
+            return real(target, draft, **kw)
+
+        monkeypatch.setattr("edgespec.drafting.calibrate", watched)
+        monkeypatch.setattr(costs_module, "QUIET", 1e9)
+        monkeypatch.setattr(costs_module, "STEADY", 1e9)
+        monkeypatch.setattr(Drafters, "REMEASURE_BUDGET", 1e9)
+        assert eng._drafting.remeasure(force=True)
+        assert seen == [(eng.target.config.n_threads, eng.draft.config.n_threads)]
+        assert (eng.target.n_threads, eng.draft.n_threads) == (1, 1)
+        assert not costs.busy and entries(cache)

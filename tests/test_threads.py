@@ -66,3 +66,60 @@ def test_probing_up_into_a_stall_costs_one_step():
     used, total = run(gov, [(120, stall)])
     assert used.count(2) <= 8                           # probes end at their first stall step
     assert total < 120 + 8 * 3.0
+
+
+# --- with the machine's load known (Linux /proc/stat; edgespec/cpuload.py) -------------------
+
+class Load:
+    """Other processes' cores, as the governor's meter would report them."""
+
+    def __init__(self, cores: float):
+        self.cores = cores
+
+    def __call__(self) -> float:
+        return self.cores
+
+
+def run_loaded(gov: ThreadGovernor, load: Load, phases, seed=0):
+    """run(), with each phase's other load: [(seconds, {threads: step seconds}, others)]."""
+    used, total = [], 0.0
+    for i, (duration, cost, others) in enumerate(phases):
+        load.cores = others
+        u, t = run(gov, [(duration, cost)], seed=seed + i)
+        used += u
+        total += t
+    return used, total
+
+
+def test_slow_steps_while_nobody_else_runs_are_not_a_stall():
+    # Without the load, a stretch of slow steps (page faults, a cold cache, the hypervisor)
+    # looks like a stall and costs a thread; with it, nobody else runs: keep both threads.
+    hiccup = {2: 0.110, 1: 0.120}
+    blind = ThreadGovernor(2)
+    used_blind, _ = run(blind, [(5, IDLE), (3, hiccup), (20, IDLE)])
+    assert blind.backed_off and 1 in used_blind             # the negative control
+    load = Load(0.0)
+    gov = ThreadGovernor(2, others=load, cores=2)
+    used, _ = run_loaded(gov, load, [(5, IDLE, 0.02), (3, hiccup, 0.05), (20, IDLE, 0.02)])
+    assert set(used) == {2} and not gov.backed_off          # no probe down on a quiet machine
+
+
+def test_under_heavy_load_no_probe_sits_in_a_stall_and_the_free_machine_is_seen():
+    load = Load(0.0)
+    gov = ThreadGovernor(2, others=load, cores=2)
+    stall = {2: 3.0, 1: 0.057}
+    used, total = run_loaded(gov, load, [(5, IDLE, 0.0), (120, stall, 1.6), (30, IDLE, 0.0)])
+    n_idle = int(5 / IDLE[2])
+    loaded = used[n_idle:n_idle + int(120 / stall[1])]
+    assert loaded[:3].count(2) <= 2 and loaded[3:].count(2) == 0    # one stall, no probes
+    assert gov.backed_off and used[-50:].count(2) >= 45            # back once it freed
+    blind = ThreadGovernor(2)                                        # the negative control
+    blind_used, _ = run(blind, [(5, IDLE), (120, stall)])
+    assert blind_used[n_idle + 3:].count(2) > loaded[3:].count(2)
+
+
+def test_busy_from_the_start_with_the_load_known_probes_down():
+    load = Load(1.0)
+    gov = ThreadGovernor(2, others=load, cores=2)
+    used, _ = run_loaded(gov, load, [(60, BUSY, 1.0)])
+    assert np.mean(np.array(used[len(used) // 4:]) == 1) > 0.95

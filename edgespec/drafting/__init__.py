@@ -95,21 +95,23 @@ class Drafters:
             return False
         draft = self._measured_draft()
         models = [m for m in (self.target, draft) if m is not None]
-        # Not while the threads are backed off (the machine is busy now), nor without room
-        # after the conversation; and unseen by the thread governors.
-        if any(len(m.tokens) + 64 > m.n_ctx or m.n_threads < m.config.n_threads
-               for m in models):
+        # Not without room after the conversation. On every thread the models may use (a
+        # governor that backed off may have done so in the busy spell this is to replace),
+        # unseen by the governors; the measurement says itself whether the machine is quiet.
+        if any(len(m.tokens) + 64 > m.n_ctx for m in models):
             cal = None
         else:
-            hooks = [m.on_step for m in models]
+            hooks = [(m.on_step, m.n_threads) for m in models]
             for m in models:
                 m.on_step = None
+                m.set_threads(m.config.n_threads)
             try:
                 cal = calibrate(self.target, draft, head=self.head,
                                 budget=self.REMEASURE_BUDGET)
             finally:
-                for m, hook in zip(models, hooks):
+                for m, (hook, n) in zip(models, hooks):
                     m.on_step = hook
+                    m.set_threads(n)
         if cal is None or not cal.quiet:
             self._remeasure_wait *= 2
             self._remeasure_at = time.monotonic() + self._remeasure_wait
@@ -120,9 +122,11 @@ class Drafters:
         return True
 
     def save_refined(self) -> None:
-        """Keep the costs as decoding refined them (a calibration taken while the machine was
-        busy heals: the next session starts from these)."""
-        if self.costs is not None and self.costs.observed >= self.SAVE_AFTER:
+        """Keep the costs as decoding refined them, so the next session starts from these;
+        not those that grew from a busy calibration (a quiet re-measure replaces and keeps
+        them: :meth:`remeasure`). The caller knows whether the threads ran at their count."""
+        if self.costs is not None and not self.costs.busy \
+                and self.costs.observed >= self.SAVE_AFTER:
             CostCache(self.target, self._measured_draft(), self.head).save(self.costs,
                                                                            "refined")
 

@@ -18,6 +18,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from .. import paths
+from ..cpuload import QUIET, LoadWatch
 from ..lm import HiddenStateModel, LanguageModel
 from .reduced_head import HEAD_ROWS, ReducedHead
 
@@ -93,7 +94,8 @@ class Costs:
 # Calibration stops measuring larger batches past this many seconds (a busy machine) and
 # extends the curve from what it has; such a measurement is used but not kept.
 CALIBRATION_BUDGET = 6.0
-# Two measurements of one step differing by more than this say the machine was busy.
+# Where the system does not say how busy its cores are, two measurements of one step
+# differing by more than this say the machine was busy.
 STEADY = 1.3
 CACHE_DAYS = 30         # a kept calibration is measured again after this long
 
@@ -105,6 +107,7 @@ class Calibration:
     costs: Costs
     quiet: bool
     seconds: float
+    others: Optional[float] = None     # cores other processes used meanwhile (None: unknown)
 
 
 def calibrate(target: LanguageModel, draft: Optional[LanguageModel],
@@ -115,56 +118,63 @@ def calibrate(target: LanguageModel, draft: Optional[LanguageModel],
     """Measure the target's seconds per batch of n tokens and the draft's per token (through
     ``head`` when the draft uses a reduced output layer).
 
-    Each step is measured ``reps`` times (the fastest counts) and the first size once more at
-    the end: steps that disagree by more than ``STEADY``, or a budget overrun, mark the
-    machine busy (``quiet=False``). Uses the models' caches after their current contents and
-    restores them afterwards.
+    Every step is measured in ``reps`` rounds over all sizes (the fastest counts), so a slow
+    stretch of a fraction of a second spoils one round, not a size. The machine counts as busy
+    (``quiet=False``) when other processes used a quarter of a core or more meanwhile (where
+    the system says: :mod:`edgespec.cpuload`), else when a step's rounds disagree by more than
+    ``STEADY``; and when the budget ran out. Uses the models' caches after their current
+    contents and restores them afterwards.
     """
     budget = CALIBRATION_BUDGET if budget is None else budget
     t_start = time.perf_counter()
-    spread = [1.0]
     sizes = [n for n in sizes if n <= min(target.n_outputs_max, target.n_batch)]
-    steps = [0, len(sizes) + 2 + 2 * (draft is not None)]    # warm-ups, sizes, draft, again
+    steps = [0, 2 + reps * (len(sizes) + (draft is not None))]     # warm-ups, rounds
 
     def timed(model: LanguageModel, n: int) -> float:
         steps[0] += 1
         progress(f"measuring the models' speed (once per model and setting) "
-                 f"{steps[0]}/{steps[1]}…")
+                 f"{min(steps[0], steps[1])}/{steps[1]}…")
         base = len(model.tokens)
         tok = model.vocab.bos if model.vocab.bos >= 0 else 0
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            if model is draft and head is not None:
-                hidden = model.eval_hidden([tok] * n)
-                if hidden is not None:
-                    head.subset_logits(hidden)     # what a greedy draft step computes
-            else:
-                model.eval([tok] * n, min(n, model.n_outputs_max))
-            times.append(time.perf_counter() - t0)
-            model.truncate(base)
-        spread.append(max(times) / min(times))
-        return min(times)
+        t0 = time.perf_counter()
+        if model is draft and head is not None:
+            hidden = model.eval_hidden([tok] * n)
+            if hidden is not None:
+                head.subset_logits(hidden)     # what a greedy draft step computes
+        else:
+            model.eval([tok] * n, min(n, model.n_outputs_max))
+        seconds = time.perf_counter() - t0
+        model.truncate(base)
+        return seconds
 
     # Untimed warm-up: the first passes after a load fault in the mapped weights and set up
     # llama.cpp's buffers, and run a third slower (docs/decisions.md).
     for model in (target, draft):
         if model is not None:
             timed(model, max(sizes) if model is target else 1)
-    spread[:] = [1.0]
-    target_costs = {}
-    for n in sizes:
-        target_costs[n] = timed(target, n)
-        if time.perf_counter() - t_start > budget and len(target_costs) >= 2:
-            progress("the machine is busy: measuring less, and not keeping it")
+    watch = LoadWatch()
+    rounds: list[dict] = []
+    for r in range(reps):
+        got = {}
+        for n in sizes if r == 0 else [k for k in rounds[0] if k != "draft"]:
+            got[n] = timed(target, n)
+            if time.perf_counter() - t_start > budget and len(got) >= 2:
+                progress("the machine is busy: measuring less, and not keeping it")
+                break
+        if draft is not None:
+            got["draft"] = timed(draft, 1)
+        rounds.append(got)
+        if time.perf_counter() - t_start > budget:
             break
-    draft_cost = timed(draft, 1) if draft is not None else FREE_DRAFT
-    again = timed(target, sizes[0])
+    keys = [k for k in rounds[0] if all(k in r for r in rounds)]
+    best = {k: min(r[k] for r in rounds) for k in keys}
+    spread = max(max(r[k] for r in rounds) / best[k] for k in keys)
     elapsed = time.perf_counter() - t_start
-    quiet = (max(spread) <= STEADY and elapsed <= budget
-             and max(again, target_costs[sizes[0]]) <= STEADY * min(again,
-                                                                   target_costs[sizes[0]]))
-    return Calibration(Costs(target_costs, draft_cost), quiet, elapsed)
+    others = watch.others()
+    quiet = elapsed <= budget and (spread <= STEADY if others is None else others < QUIET)
+    target_costs = {k: v for k, v in best.items() if k != "draft"}
+    return Calibration(Costs(target_costs, best.get("draft", FREE_DRAFT)), quiet, elapsed,
+                       others)
 
 
 def _fingerprint(model: HiddenStateModel) -> str:
