@@ -12,9 +12,10 @@ machine, and the draft and the target need not agree, so each model gets a
   intervals while probes fail) and keeps it when steps are faster there.
 
 Where the system says how busy its cores are (Linux, :mod:`edgespec.cpuload`), the governor
-also asks how many cores other processes use: a slow step while nobody else runs is not a
-stall (no back-off), and one more thread is probed only when a core is free for it, so under
-a heavy load no probe sits in a stall; fewer threads are probed only when someone else runs.
+also asks how many cores other processes use: when they crowd the cores its threads need, it
+drops a thread before the first stall; a slow step while nobody else runs is not a stall (no
+back-off); one more thread is probed only when a core is free for it, so under a heavy load
+no probe sits in a stall; fewer threads are probed only when someone else runs.
 
 Step times are compared per token of work: each step's seconds are divided by the calibrated
 cost shape of its batch size (``shape(n)``, 1 for a one-token step), so prefill batches,
@@ -41,8 +42,11 @@ PROBE_FIRST = 4.0           # seconds of decoding before the first probe
 PROBE_MAX = 16.0            # the longest wait between probes (it doubles while they fail)
 # Steps in a row at the full count after which costs measured meanwhile describe it.
 SETTLED_STEPS = 64
-# One more thread is probed only when other processes leave this much of a core free for it.
+# One more thread is probed only when other processes leave this much of a core free for it;
+# a thread is dropped at once, before any stall, when they crowd the cores by more than
+# CROWDED of a core (on 2 cores and 2 threads: others use more than half a core).
 ROOM = 0.7
+CROWDED = 0.5
 
 
 class ThreadGovernor:
@@ -93,8 +97,9 @@ class ThreadGovernor:
         self._avg[t] = unit if avg is None else avg + 0.3 * (unit - avg)
         self._best[t] = min(unit, self._best.get(t, math.inf) * 1.002)
         quiet = load is not None and load < QUIET
-        if t > 1 and self._avg[t] > STALL * self._best[t] and unit > STALL * self._best[t] \
-                and not quiet:
+        crowded = load is not None and load > self.cores - t + CROWDED
+        if t > 1 and (crowded or (self._avg[t] > STALL * self._best[t]
+                                  and unit > STALL * self._best[t] and not quiet)):
             self._move(t - 1)               # stalling: fewer threads, now
             self.backed_off = True
             return self.threads
@@ -109,6 +114,16 @@ class ThreadGovernor:
                 return self.threads
             self._probe, self._probe_from = [], t
             self.threads = t + 1 if up else t - 1
+        return self.threads
+
+    def before(self) -> int:
+        """The count for the step about to run (a prompt's batch too): one fewer, before any
+        stall, when other processes crowd the cores these threads need."""
+        if self._probe is None and self.threads > 1:
+            load = self._others()
+            if load is not None and load > self.cores - self.threads + CROWDED:
+                self._move(self.threads - 1)
+                self.backed_off = True
         return self.threads
 
     @property
@@ -146,7 +161,7 @@ def govern(target, draft, costs=None, pin: Optional[int] = None,
     for name, model in (("target", target), ("draft", draft)):
         if model is None:
             continue
-        model.on_step = None
+        model.on_step = model.before_step = None
         model.set_threads(pin or model.config.n_threads)
         if pin is not None:
             continue
@@ -176,3 +191,4 @@ def _attach(model, gov: ThreadGovernor, shaped: bool, longest: int = 64) -> None
             return gov.observe(n_tokens, seconds)
         return gov.threads
     model.on_step = on_step
+    model.before_step = gov.before

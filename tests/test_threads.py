@@ -123,3 +123,25 @@ def test_busy_from_the_start_with_the_load_known_probes_down():
     gov = ThreadGovernor(2, others=load, cores=2)
     used, _ = run_loaded(gov, load, [(60, BUSY, 1.0)])
     assert np.mean(np.array(used[len(used) // 4:]) == 1) > 0.95
+
+
+def test_a_crowded_machine_costs_no_stall_at_all():
+    # Others already use a core when decoding starts: one thread from the first step on.
+    load = Load(1.0)
+    gov = ThreadGovernor(2, others=load, cores=2)
+    used, _ = run_loaded(gov, load, [(30, BUSY, 1.0)])
+    assert used[0] == 2 and set(used[1:]) == {1}
+    # Half a core of someone else, with both our threads running, is not crowded.
+    load2 = Load(0.4)
+    gov2 = ThreadGovernor(2, others=load2, cores=2)
+    used2, _ = run_loaded(gov2, load2, [(30, IDLE, 0.4)])
+    assert np.mean(np.array(used2) == 2) > 0.97
+
+
+def test_a_prompt_batch_on_a_crowded_machine_starts_on_fewer_threads():
+    load = Load(2.0)                     # two busy processes took both cores while we waited
+    gov = ThreadGovernor(2, others=load, cores=2)
+    assert gov.before() == 1 and gov.backed_off     # before the first step, not after it
+    quiet = ThreadGovernor(2, others=Load(0.05), cores=2)
+    assert quiet.before() == 2 and not quiet.backed_off
+    assert ThreadGovernor(2).before() == 2          # no meter: step times decide

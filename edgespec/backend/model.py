@@ -67,6 +67,7 @@ class LlamaModel:
         # Told each llama_decode's token count, logits rows and seconds; returns the thread
         # count for the next (edgespec.threads); None: no one is told.
         self.on_step: Optional[Callable[[int, int, float], int]] = None
+        self.before_step: Optional[Callable[[], int]] = None     # threads for the next pass
         self._last_chunk = 0          # tokens in the last llama_decode call
         self._piece_cache: dict[int, bytes] = {}
         self._piece_buf = ctypes.create_string_buffer(256)
@@ -202,6 +203,8 @@ class LlamaModel:
             pos[i] = pos0 + i
             lg[i] = i >= first_logit
         b.n_tokens = len(chunk)
+        if self.before_step is not None:
+            self.set_threads(self.before_step())
         t0 = time.perf_counter()
         rc = C.llama_decode(self._ctx, b)
         C.llama_synchronize(self._ctx)

@@ -91,6 +91,7 @@ class RemoteModel:
         self.decode_seconds = 0.0
         self.n_threads = config.n_threads
         self.on_step: Optional[Callable[[int, int, float], int]] = None
+        self.before_step: Optional[Callable[[], int]] = None
         self.n_outputs_max = min(config.n_outputs_max, config.n_batch)
         self._rows = self.n_outputs_max * self.n_vocab
         self._shm = tempfile.TemporaryFile(prefix="edgespec-logits-")
@@ -212,6 +213,8 @@ class RemoteModel:
         n = check_eval(self, tokens, n_logits)
         if self._proc is None:
             self._restart()
+        if self.before_step is not None:
+            self.set_threads(self.before_step())
         steps = self._call("eval", list(tokens), n_logits,
                            timeout=PASS_TIMEOUT + PASS_PER_TOKEN * n)
         self.tokens.extend(tokens)

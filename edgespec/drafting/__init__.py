@@ -101,16 +101,16 @@ class Drafters:
         if any(len(m.tokens) + 64 > m.n_ctx for m in models):
             cal = None
         else:
-            hooks = [(m.on_step, m.n_threads) for m in models]
+            hooks = [(m.on_step, m.before_step, m.n_threads) for m in models]
             for m in models:
-                m.on_step = None
+                m.on_step = m.before_step = None
                 m.set_threads(m.config.n_threads)
             try:
                 cal = calibrate(self.target, draft, head=self.head,
                                 budget=self.REMEASURE_BUDGET)
             finally:
-                for m, (hook, n) in zip(models, hooks):
-                    m.on_step = hook
+                for m, (after, before, n) in zip(models, hooks):
+                    m.on_step, m.before_step = after, before
                     m.set_threads(n)
         if cal is None or not cal.quiet:
             self._remeasure_wait *= 2
