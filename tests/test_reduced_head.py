@@ -206,3 +206,27 @@ def test_gemma_pair_greedy_speculative_equals_plain(gemma_f32_path, gemma_q4_pat
             drafted += spec.stats.drafted
             accepted += spec.stats.accepted
         assert drafted > 0 and accepted / drafted > 0.6   # a broken head would be near 0
+
+
+def test_the_product_runs_blas_on_one_thread_and_puts_the_count_back(monkeypatch):
+    from edgespec.drafting import reduced_head as rh
+    libs = rh.OneThreadBlas.libraries()
+    if not libs:
+        pytest.skip("numpy's BLAS thread count cannot be set here: einsum does the product")
+    before = [lib.get_num_threads() for lib in libs]
+    seen = []
+    real_dot = np.dot
+
+    def watched(*a, **kw):
+        seen.append([lib.get_num_threads() for lib in libs])
+        return real_dot(*a, **kw)
+
+    monkeypatch.setattr(rh.np, "dot", watched)
+    rng = np.random.default_rng(0)
+    mat = rng.standard_normal((64, 5000)).astype(np.float32)
+    vec = rng.standard_normal(64).astype(np.float32)
+    out = np.empty(5000, dtype=np.float32)
+    rh.OneThreadBlas.vec_mat(vec, mat, out)
+    assert seen == [[1] * len(libs)]
+    assert [lib.get_num_threads() for lib in libs] == before
+    np.testing.assert_allclose(out, vec @ mat, rtol=1e-4, atol=1e-4)

@@ -9,8 +9,9 @@ outside the subset (its q is 0 there), so rejection sampling stays exact.
 
 from __future__ import annotations
 
+import threading
 import time
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -20,6 +21,50 @@ from ..lm import HiddenStateModel
 # so low ids are the common ones): 16,384 measured fastest (docs/decisions.md).
 HEAD_ROWS = 16384
 HEAD_MIN_VOCAB = 4 * HEAD_ROWS    # below this the output layer is a small share of a step
+
+
+class OneThreadBlas:
+    """BLAS's matrix-vector product on the calling thread only.
+
+    numpy's BLAS (OpenBLAS in the wheels) computes the subset's logits from a transposed,
+    contiguous weight matrix about twice as fast as ``einsum`` (docs/decisions.md), but with
+    its own threads, which keep spinning after the product and stall llama.cpp's threads on
+    the same cores. So the product runs with BLAS limited to one thread, through
+    threadpoolctl, and the count is put back at once (~2 µs): for those ~2 ms a host app's own
+    BLAS calls on other threads run single-threaded too. Where the BLAS's thread count cannot
+    be set, ``einsum`` does the product (no BLAS threads at all)."""
+
+    _lock = threading.Lock()      # one product at a time: the count is process-wide
+    _libs: Optional[list] = None
+
+    @classmethod
+    def libraries(cls) -> list:
+        if cls._libs is None:
+            try:
+                from threadpoolctl import ThreadpoolController
+                found = ThreadpoolController().select(user_api="blas").lib_controllers
+            except Exception:       # not installed, or a library it cannot read
+                found = []
+            cls._libs = [lib for lib in found if lib.internal_api in ("openblas", "mkl",
+                                                                       "blis")]
+        return cls._libs
+
+    @classmethod
+    def vec_mat(cls, vec: np.ndarray, mat: np.ndarray, out: np.ndarray) -> None:
+        """``out[:] = vec @ mat`` for a C-contiguous ``mat`` of shape (len(vec), len(out))."""
+        libs = cls.libraries()
+        if not libs:
+            np.einsum("j,ji->i", vec, mat, out=out)
+            return
+        with cls._lock:
+            before = [lib.get_num_threads() for lib in libs]
+            for lib in libs:
+                lib.set_num_threads(1)
+            try:
+                np.dot(vec, mat, out=out)
+            finally:
+                for lib, n in zip(libs, before):
+                    lib.set_num_threads(n)
 
 
 class ReducedHead:
@@ -44,7 +89,8 @@ class ReducedHead:
                 ids.add(i)
         self.model, self.n_vocab = model, n
         self.ids = np.array(sorted(ids), dtype=np.int64)
-        self.w = model.output_rows(self.ids)
+        # Stored transposed (n_embd × rows, contiguous): the layout BLAS multiplies fastest.
+        self.wt = np.ascontiguousarray(model.output_rows(self.ids).T)
         self._member = np.zeros(n, dtype=bool)
         self._member[self.ids] = True
         nb = len(self.ids)
@@ -53,10 +99,15 @@ class ReducedHead:
         self._all_ids[:nb] = self.ids
         self._vals = np.empty(nb + max_extra, dtype=np.float32)
         self._extra_ids = self._all_ids[nb:]
-        self._extra_w = np.empty((max_extra, self.w.shape[1]), dtype=np.float32)
+        self._extra_w = np.empty((max_extra, self.wt.shape[0]), dtype=np.float32)
         self._n_extra = 0
         self._context: list[int] = []     # the conversation the extra rows were added for
         self.seconds = 0.0      # spent in the products, cumulative
+
+    @property
+    def w(self) -> np.ndarray:
+        """The subset's output rows (rows × n_embd; a view of the stored transpose)."""
+        return self.wt.T
 
     @property
     def size(self) -> int:
@@ -92,12 +143,13 @@ class ReducedHead:
         call. Greedy drafting needs no more: its argmax and confidence read these ~18k
         entries instead of building and scanning a full row.
 
-        ``einsum`` on this thread, not ``@``: BLAS's own threads would spin against
-        llama.cpp's on the same cores (docs/decisions.md).
+        On this thread: BLAS's own threads would spin against llama.cpp's on the same cores
+        (:class:`OneThreadBlas`, docs/decisions.md).
         """
         t0 = time.perf_counter()
         nb, k = len(self.ids), self._n_extra
-        np.einsum("ij,j->i", self.w, hidden, out=self._vals[:nb])
+        OneThreadBlas.vec_mat(np.ascontiguousarray(hidden, dtype=np.float32), self.wt,
+                              self._vals[:nb])
         if k:
             np.einsum("ij,j->i", self._extra_w[:k], hidden, out=self._vals[nb:nb + k])
         self.seconds += time.perf_counter() - t0
