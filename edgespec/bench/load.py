@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..config import SamplingParams
+from ..drafting import Costs
 
 # A busy process: a pure-Python spin, ended by the bench (by its pid) or after this long.
 BUSY_SECONDS_MAX = 1800
@@ -67,7 +68,11 @@ class Cell:
 def run_load_bench(engine, prompts: list[str], *, load: int, max_tokens: int, raw: bool,
                    repeats: int = 1, peers: bool = True, log=print) -> dict:
     """Each condition (idle, then N busy processes) × thread setting × (plain, speculative),
-    the settings' order rotating from prompt to prompt."""
+    the settings' order rotating from prompt to prompt.
+
+    The settings share one Engine, but each keeps the costs its own runs refined, as if it
+    ran alone: otherwise the seconds-long stalled passes of two pinned threads under load
+    would inflate the shared cost model for whichever setting ran next."""
     from ..backend.peer import LlamaCppPythonPeer
     most = engine.target.config.n_threads
     settings: list[tuple[str, Optional[int]]] = [(f"pinned {t}", t) for t in range(1, most + 1)]
@@ -82,6 +87,8 @@ def run_load_bench(engine, prompts: list[str], *, load: int, max_tokens: int, ra
         peer = LlamaCppPythonPeer(engine.target.path, n_ctx=2048, n_threads=most)
         cells.update({(c, "llama-cpp-python", "plain"): Cell() for c in conditions})
     token_prompts = [engine.prompt_tokens(p, raw=raw) for p in prompts]
+    costs = engine._drafting.costs          # None with a pinned draft length
+    own_costs: dict = {}
     try:
         for r in range(repeats):
             for cond in conditions:
@@ -92,6 +99,8 @@ def run_load_bench(engine, prompts: list[str], *, load: int, max_tokens: int, ra
                         shift = (i + r) % len(settings)
                         for name, n in settings[shift:] + settings[:shift]:
                             engine.set_threads(n)
+                            if costs is not None and name in own_costs:
+                                costs.adopt(own_costs[name])
                             for mode in ("plain", "speculative"):
                                 out = engine.generate(prompt, max_tokens=max_tokens,
                                                       sampling=greedy, raw=raw,
@@ -100,6 +109,9 @@ def run_load_bench(engine, prompts: list[str], *, load: int, max_tokens: int, ra
                                 cells[(cond, name, mode)].add(s.completion_tokens,
                                                               s.decode_seconds,
                                                               s.target_threads)
+                            if costs is not None:
+                                own_costs[name] = Costs(dict(costs.target), costs.draft,
+                                                        busy=costs.busy)
                         if peer is not None:
                             cells[(cond, "llama-cpp-python", "plain")].add(
                                 *peer.generate(token_prompts[i], max_tokens))
