@@ -104,12 +104,16 @@ class ThreadGovernor:
             self.backed_off = True
             return self.threads
         self._since_probe += seconds
-        if self._since_probe >= self._probe_wait and self.max_threads > 1:
+        up = t < self.max_threads
+        room = up and load is not None and load <= self.cores - t - ROOM
+        # A core came free and no probe has failed since the last move: try it now rather
+        # than after a wait (the load that made it back off has gone).
+        if (self._since_probe >= self._probe_wait or (room and self._probe_wait == PROBE_FIRST)) \
+                and self.max_threads > 1:
             # Try a neighbour: one more thread (the machine may have freed) when a core is
             # free for it, or, at the most, one fewer (the machine may have been busy since
             # the start) when someone else runs.
-            up = t < self.max_threads
-            if load is not None and (load > self.cores - t - ROOM if up else quiet):
+            if load is not None and (not room if up else quiet):
                 self._since_probe = 0.0     # no room / nobody else: look again later
                 return self.threads
             self._probe, self._probe_from = [], t

@@ -83,11 +83,14 @@ class Load:
 def run_loaded(gov: ThreadGovernor, load: Load, phases, seed=0):
     """run(), with each phase's other load: [(seconds, {threads: step seconds}, others)]."""
     used, total = [], 0.0
+    starts = []                          # where each phase's steps begin in `used`
     for i, (duration, cost, others) in enumerate(phases):
         load.cores = others
+        starts.append(len(used))
         u, t = run(gov, [(duration, cost)], seed=seed + i)
         used += u
         total += t
+    run_loaded.starts = starts
     return used, total
 
 
@@ -109,10 +112,11 @@ def test_under_heavy_load_no_probe_sits_in_a_stall_and_the_free_machine_is_seen(
     gov = ThreadGovernor(2, others=load, cores=2)
     stall = {2: 3.0, 1: 0.057}
     used, total = run_loaded(gov, load, [(5, IDLE, 0.0), (120, stall, 1.6), (30, IDLE, 0.0)])
-    n_idle = int(5 / IDLE[2])
-    loaded = used[n_idle:n_idle + int(120 / stall[1])]
+    n_idle, freed = run_loaded.starts[1:]
+    loaded = used[n_idle:freed]
     assert loaded[:3].count(2) <= 2 and loaded[3:].count(2) == 0    # one stall, no probes
     assert gov.backed_off and used[-50:].count(2) >= 45            # back once it freed
+    assert 2 in used[freed:freed + 10]             # at once: no wait of seconds for a probe
     blind = ThreadGovernor(2)                                        # the negative control
     blind_used, _ = run(blind, [(5, IDLE), (120, stall)])
     assert blind_used[n_idle + 3:].count(2) > loaded[3:].count(2)
