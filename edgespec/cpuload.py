@@ -97,6 +97,8 @@ class LoadWatch:
                  clock: Callable[[], float] = time.monotonic):
         self._read, self._own, self._clock = read, own, clock
         self._start = (clock(), read(), own())
+        self.started = time.perf_counter()
+        self.available = self._start[1] is not None
 
     def others(self) -> Optional[float]:
         t0, b0, o0 = self._start

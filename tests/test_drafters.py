@@ -260,3 +260,12 @@ def test_free_drafts_are_not_cut_by_the_slow_start_cap():
         drafted.append(n)
         pol.observe(n, n, [0.25] * n, [], free[1] if n == 0 else 0.03)
     assert all(d > 0 for i, d in enumerate(drafted) if i % 5 != 4)
+
+
+def test_a_disturbed_measurement_never_makes_a_batch_cost_less_or_below_zero():
+    # Two sizes measured on a busy machine: the 2-token pass happened to be faster.
+    c = Costs({1: 0.083, 2: 0.031}, draft=0.01)
+    sizes = np.array([1, 2, 4, 8, 16, 33, 64])
+    t = c.t(sizes)
+    assert np.all(np.diff(t) >= 0) and np.all(t > 0)
+    assert c.t(33) > c.t(2)
