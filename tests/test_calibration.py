@@ -108,4 +108,4 @@ def test_a_calibration_during_a_real_busy_process_is_not_quiet(q4):
     with BusyProcesses(1):
         cal = calibrate(q4, None, sizes=(1, 4))       # a few hundredths of a second of work
     assert cal.seconds >= costs_module.LOAD_SPAN       # filled out so the reading means something
-    assert cal.others >= 0.5 and not cal.quiet
+    assert cal.others >= costs_module.QUIET and not cal.quiet

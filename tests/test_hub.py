@@ -133,9 +133,16 @@ def test_dropped_connection_later_resumes_with_a_range_request(fake_hub, big):
     assert second.headers.get("range") == f"bytes={chunk}-"  # resumed, not restarted
 
 
+def _default_sigint() -> None:
+    # A test run started in the background (`cmd &` in a script) ignores SIGINT, and its
+    # children would inherit that: the pull would never see the Ctrl-C this file sends.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _pull(*args):
     return subprocess.Popen([sys.executable, "-m", "edgespec", "pull", *args], env=dict(os.environ),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_sigint)
 
 
 def _wait_for(cond, timeout=60.0):
