@@ -41,6 +41,11 @@ def _proc_stat_busy() -> Optional[float]:
     return (user + nice + system + irq + softirq + steal) / _HZ
 
 
+def _rate(busy: float, own: float, span: float) -> float:
+    """Cores other processes used: all cores' busy seconds less ours, over ``span`` seconds."""
+    return max(0.0, (busy - own) / span)
+
+
 def _own_cpu() -> float:
     t = os.times()
     return t.user + t.system
@@ -85,7 +90,7 @@ class CpuMeter:
         span = t1 - t0
         if span < self.min_span:
             return None
-        return max(0.0, ((b1 - b0) - (o1 - o0)) / span)
+        return _rate(b1 - b0, o1 - o0, span)
 
 
 class LoadWatch:
@@ -108,4 +113,4 @@ class LoadWatch:
         span = self._clock() - t0
         if span <= 0:
             return None
-        return max(0.0, ((b1 - b0) - (self._own() - o0)) / span)
+        return _rate(b1 - b0, self._own() - o0, span)

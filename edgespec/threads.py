@@ -97,8 +97,7 @@ class ThreadGovernor:
         self._avg[t] = unit if avg is None else avg + 0.3 * (unit - avg)
         self._best[t] = min(unit, self._best.get(t, math.inf) * 1.002)
         quiet = load is not None and load < QUIET
-        crowded = load is not None and load > self.cores - t + CROWDED
-        if t > 1 and (crowded or (self._avg[t] > STALL * self._best[t]
+        if t > 1 and (self._crowded(load) or (self._avg[t] > STALL * self._best[t]
                                   and unit > STALL * self._best[t] and not quiet)):
             self._move(t - 1)               # stalling: fewer threads, now
             self.backed_off = True
@@ -124,11 +123,14 @@ class ThreadGovernor:
         """The count for the step about to run (a prompt's batch too): one fewer, before any
         stall, when other processes crowd the cores these threads need."""
         if self._probe is None and self.threads > 1:
-            load = self._others()
-            if load is not None and load > self.cores - self.threads + CROWDED:
+            if self._crowded(self._others()):
                 self._move(self.threads - 1)
                 self.backed_off = True
         return self.threads
+
+    def _crowded(self, load: Optional[float]) -> bool:
+        """Whether other processes' ``load`` leaves too little of the cores for these threads."""
+        return load is not None and load > self.cores - self.threads + CROWDED
 
     @property
     def settled(self) -> bool:
