@@ -102,8 +102,11 @@ class LoadWatch:
                  clock: Callable[[], float] = time.monotonic):
         self._read, self._own, self._clock = read, own, clock
         self._start = (clock(), read(), own())
-        self.started = time.perf_counter()
         self.available = self._start[1] is not None
+
+    def elapsed(self) -> float:
+        """Seconds since the watch started."""
+        return self._clock() - self._start[0]
 
     def others(self) -> Optional[float]:
         t0, b0, o0 = self._start

@@ -174,7 +174,7 @@ def calibrate(target: LanguageModel, draft: Optional[LanguageModel],
     # A load reading over a few hundredths of a second is a handful of clock ticks: one-token
     # passes fill the calibration out to LOAD_SPAN (within the budget), improving t(1) too.
     first = sizes[0]
-    while watch.available and time.perf_counter() - watch.started < LOAD_SPAN \
+    while watch.available and watch.elapsed() < LOAD_SPAN \
             and time.perf_counter() - t_start <= budget:
         rounds[0][first] = min(rounds[0][first], timed(target, first))
     keys = [k for k in rounds[0] if all(k in r for r in rounds)]
