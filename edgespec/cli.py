@@ -17,8 +17,8 @@ from . import config
 from .bench.command import build_bench_parser, build_calibrate_parser
 from .registry.command import build_models_parsers
 from .server.command import build_serve_parser
-from .shell import (DRAFT_COLOR, EXIT_USER_ERROR, RESET, Parser, add_constraint_args,
-                    add_model_args, add_sampling_args, constraint_from_args, error_boundary,
+from .shell import (DRAFT_COLOR, EXIT_USER_ERROR, RESET, LogLines, Parser,
+                    add_constraint_args, add_model_args, add_sampling_args, constraint_from_args, error_boundary,
                     load_engine, sampling_from_args, status)
 from .tui.command import build_chat_parser
 from .worker import build_worker_parser
@@ -89,8 +89,9 @@ def build_run_parser(sub) -> None:
 
 
 def cmd_info(args) -> int:
-    from .backend import backend_info
+    from .backend import backend_info, cpu_check_info
     info = backend_info()
+    info["cpu_extra_buffers"] = cpu_check_info(recheck=args.recheck)
     if args.json:
         print(json.dumps(info))
         return 0
@@ -99,12 +100,16 @@ def cmd_info(args) -> int:
     for d in info["devices"]:
         print(f"  device {d['name']} ({d['type']}): {d['description']}")
     print(f"  {info['system_info']}")
+    print(f"  CPU extra buffer types: {info['cpu_extra_buffers']['summary']}")
     return 0
 
 
 def build_info_parser(sub) -> None:
     p = sub.add_parser("info", help="which llama.cpp backend and devices this install uses")
     p.add_argument("--json", action="store_true", help="print the facts as JSON")
+    p.add_argument("--recheck", action="store_true",
+                   help="check again, in child processes, whether llama.cpp's extra CPU "
+                        "kernels (AMX, repacked weights) crash on this CPU")
     p.set_defaults(func=cmd_info)
 
 
@@ -128,7 +133,7 @@ def build_parser() -> Parser:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="warning: %(message)s")
+    logging.basicConfig(level=logging.WARNING, handlers=[LogLines()])
     code = [0]
     with error_boundary(code):
         parser = build_parser()

@@ -149,6 +149,9 @@ class SpecConfig:
         return self.k_max if self.is_adaptive else self.fixed_k
 
 
+CPU_EXTRA_BUFFERS = ("auto", "on", "off")
+
+
 def default_threads() -> int:
     """Threads for llama.cpp: all cores on small machines, roughly the physical cores above."""
     n = os.cpu_count() or 1
@@ -167,6 +170,9 @@ class ModelConfig:
     n_outputs_max: int = N_OUTPUTS_MIN
     verbose: bool = False
     rpc: tuple = ()           # "HOST:PORT" of the RPC workers that hold its layers
+    # llama.cpp's extra CPU buffer types (AMX, repacked weights): "auto" checks once that they
+    # do not fault on this CPU (backend/preflight.py), "on" or "off" decide without a check
+    cpu_extra_buffers: str = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", Path(self.path).expanduser())
@@ -178,3 +184,6 @@ class ModelConfig:
                    valid="an integer >= -1 (-1 = all layers)")
         _check_int("n_outputs_max", self.n_outputs_max, 1, 1 << 16,
                    valid="an integer in [1, 65536]")
+        if self.cpu_extra_buffers not in CPU_EXTRA_BUFFERS:
+            raise InvalidParameterError("cpu_extra_buffers", self.cpu_extra_buffers,
+                                        "'auto', 'on' or 'off'")

@@ -90,6 +90,7 @@ class Engine:
              drafter: Optional[str] = None, draft_max: Optional[int] = None,
              adaptive: bool = True, p_min: float = 0.0, verbose: bool = False,
              recalibrate: bool = False, rpc=None, draft_rpc=None,
+             cpu_extra_buffers: str = "auto",
              progress: Callable[[str], None] = lambda s: None) -> "Engine":
         """Load a target GGUF and optionally a draft GGUF (or a registry ``pair`` name).
 
@@ -106,6 +107,9 @@ class Engine:
         ``rpc``: ``"HOST:PORT,…"`` (or a list) of ``edgespec worker`` processes that hold the
         target's layers; the draft stays local unless ``draft_rpc`` names workers for it
         (:class:`~edgespec.errors.RPCError` when one cannot be reached).
+        ``cpu_extra_buffers``: ``"auto"`` lets llama.cpp's extra CPU kernels (AMX, repacked
+        weights) run only where a child process showed that they do not crash this CPU
+        (checked once per CPU and llama.cpp build); ``"on"``/``"off"`` decide without a check.
         """
         if pair is not None:
             if target is not None or draft is not None:
@@ -126,7 +130,8 @@ class Engine:
         rpc, draft_rpc = rpc_endpoints(rpc, draft_rpc)
         t_model = open_model(ModelConfig(target, n_ctx=n_ctx, n_batch=n_batch, n_threads=threads,
                                          n_gpu_layers=n_gpu_layers, n_outputs_max=n_out,
-                                         verbose=verbose, rpc=rpc))
+                                         verbose=verbose, rpc=rpc,
+                                         cpu_extra_buffers=cpu_extra_buffers))
         d_model = None
         try:
             if draft is not None and drafter in ("model", "hybrid"):
@@ -135,7 +140,8 @@ class Engine:
                                                  n_threads=threads,
                                                  n_gpu_layers=draft_n_gpu_layers,
                                                  n_outputs_max=1, verbose=verbose,
-                                                 rpc=draft_rpc),
+                                                 rpc=draft_rpc,
+                                                 cpu_extra_buffers=cpu_extra_buffers),
                                      tap_min_vocab=HEAD_MIN_VOCAB)
                 check_compatible(t_model, d_model)
             return cls(t_model, d_model, spec, adaptive_threads=n_threads is None,

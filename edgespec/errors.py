@@ -1,15 +1,25 @@
 """One exception hierarchy for edgespec.
 
 Every message is written for the person at the keyboard: it names the problem and, where
-there is one, the fix. The command-line shells print ``error: <message>`` and exit 1; the
-Python API lets these propagate so that an embedding application can do the same.
+there is one, the fix, in the Python API's terms (``n_ctx``, ``speculative=False``); an error
+lists those parameters in ``options``, and a shell adds its own name for each (the command
+line's ``--ctx-size``, ``--no-spec``). The command-line shells print ``error: <message>`` and
+exit 1; the Python API lets these propagate so that an embedding application can do the same.
 """
 
 from __future__ import annotations
 
 
 class EdgespecError(Exception):
-    """Base class of every error edgespec raises on purpose."""
+    """Base class of every error edgespec raises on purpose. ``options``: the API parameters
+    that the message asks the user to change (a shell names its own flag for each)."""
+
+    options: tuple = ()
+
+    def __init__(self, *args, options: tuple = ()):
+        super().__init__(*args)
+        if options:
+            self.options = tuple(options)
 
 
 class InvalidParameterError(EdgespecError, ValueError):
@@ -39,22 +49,26 @@ class InvalidModelError(ModelLoadError):
 class IncompatiblePairError(EdgespecError):
     """The draft model does not share the target's tokenizer."""
 
+    options = ("draft",)
+
     def __init__(self, difference: str):
         self.difference = difference
         super().__init__(
             f"draft and target are not compatible: {difference}; the draft must share the "
             "target's tokenizer (same vocabulary and special tokens) — pick a draft of the same "
-            "model family, or run with --no-spec")
+            "model family, or load the target without a draft")
 
 
 class ContextOverflowError(EdgespecError):
     """The prompt alone does not fit in the context window."""
 
+    options = ("n_ctx",)
+
     def __init__(self, n_prompt: int, n_ctx: int):
         self.n_prompt, self.n_ctx = n_prompt, n_ctx
         super().__init__(
             f"prompt is {n_prompt} tokens but the context holds {n_ctx}: shorten the prompt "
-            "or load the models with a larger n_ctx (--ctx-size)")
+            "or load the models with a larger n_ctx")
 
 
 class BackendError(EdgespecError):
@@ -84,10 +98,6 @@ class ConversationFileError(EdgespecError):
 
 class ModelNotFoundError(EdgespecError):
     """A named model or pair is not available locally."""
-
-
-class Cancelled(EdgespecError):
-    """A generation was cancelled before it started producing tokens."""
 
 
 class EngineClosedError(EdgespecError):

@@ -68,6 +68,12 @@ def calibration_file() -> Path:
     return cache_dir() / "calibration.json"
 
 
+def cpu_check_file() -> Path:
+    """The preflight's verdicts on CPU code paths that fault, per CPU, kernel and llama.cpp
+    build (``backend/preflight.py``)."""
+    return cache_dir() / "cpu_check.json"
+
+
 def chat_history_file() -> Path:
     """What was typed in ``edgespec chat`` (kept private: mode 0600)."""
     return data_dir() / "chat_history"

@@ -10,6 +10,7 @@ unless ``EDGESPEC_DEBUG=1`` is set. Defaults come from :mod:`edgespec.config`.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from contextlib import contextmanager
@@ -32,6 +33,20 @@ class UsageError(EdgespecError):
 class Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit 1, like every other user error
         raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+class LogLines(logging.StreamHandler):
+    """The core's log records as the shells' lines on stderr: ``note: …`` for a notice (a
+    record logged with ``extra={"note": True}``), ``warning: …`` for the rest. On a terminal
+    the line first clears a :class:`Progress` step line it would otherwise be glued to."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    def format(self, record: logging.LogRecord) -> str:
+        prefix = "note" if getattr(record, "note", False) else "warning"
+        clear = "\r\x1b[K" if getattr(self.stream, "isatty", lambda: False)() else ""
+        return f"{clear}{prefix}: {with_flags(record.getMessage(), getattr(record, 'options', ()))}"
 
 
 def status(msg: str) -> None:
@@ -71,6 +86,18 @@ class Progress:
         self._finished = True
 
 
+# The command line's name for each API parameter that an error or a note asks to change.
+FLAGS = {"n_ctx": "--ctx-size N", "speculative": "--no-spec", "draft": "--no-spec",
+         "verbose": "--verbose", "draft_max": "--draft-max K",
+         "cpu_extra_buffers": "--cpu-extra-buffers on|off"}
+
+
+def with_flags(message: str, options) -> str:
+    """``message`` (written in the API's terms) with the flags that set its ``options``."""
+    flags = list(dict.fromkeys(FLAGS[o] for o in options or () if o in FLAGS))
+    return f"{message} (on the command line: {', '.join(flags)})" if flags else message
+
+
 def debugging() -> bool:
     return os.environ.get("EDGESPEC_DEBUG") == "1"
 
@@ -88,7 +115,7 @@ def error_boundary(exit_code: list) -> Iterator[None]:
     except EdgespecError as e:
         if debugging():
             raise
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {with_flags(str(e), e.options)}", file=sys.stderr)
         exit_code[0] = EXIT_USER_ERROR
     except Exception as e:  # a bug, said in one line (EDGESPEC_DEBUG=1 shows the traceback)
         if debugging():
@@ -136,6 +163,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="put the draft's layers on these workers too (not the target's)")
     g.add_argument("--recalibrate", action="store_true",
                    help="measure the models' speed again instead of using the kept figures")
+    g.add_argument("--cpu-extra-buffers", choices=config.CPU_EXTRA_BUFFERS, default="auto",
+                   help="llama.cpp's extra CPU kernels for quantised weights (AMX, repacked "
+                        "weights): auto (default) checks once, in a child process, that they "
+                        "do not crash on this CPU; on or off decide without a check")
     g.add_argument("--verbose", action="store_true", help="show llama.cpp's own log")
 
 
@@ -232,7 +263,8 @@ def load_engine(args, say: Callable[[str], None] = status, **overrides):
               draft_n_gpu_layers=args.draft_n_gpu_layers, draft_max=args.draft_max,
               adaptive=not args.no_adaptive, p_min=args.draft_p_min, verbose=args.verbose,
               recalibrate=args.recalibrate, progress=progress,
-              rpc=getattr(args, "rpc", None), draft_rpc=getattr(args, "draft_rpc", None))
+              rpc=getattr(args, "rpc", None), draft_rpc=getattr(args, "draft_rpc", None),
+              cpu_extra_buffers=getattr(args, "cpu_extra_buffers", "auto"))
     try:
         return Engine.load(**{**kw, **overrides})
     finally:

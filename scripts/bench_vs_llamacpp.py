@@ -25,11 +25,19 @@ ACCEPT = re.compile(r"n_accept\s*=\s*(\d+)")
 DRAFTED = re.compile(r"n_drafted\s*=\s*(\d+)")
 
 
+def cpp_extra_args() -> list:
+    """``--no-repack`` where edgespec's preflight found that llama.cpp's extra CPU kernels
+    (AMX, repacked weights) kill the process on this CPU: the binary is built from the same
+    llama.cpp sources, natively, for the same CPU (it dies the same way, exit 132)."""
+    from edgespec.backend.preflight import verdict
+    return ["--no-repack"] if verdict().faults else []
+
+
 def run_cpp(binary, target, draft, prompt, n, n_max, threads):
     proc = subprocess.run(
         [binary, "-m", target, "-md", draft, "-p", prompt, "-n", str(n), "--temp", "0",
          "--spec-type", "draft-simple", "--spec-draft-n-max", str(n_max), "-t", str(threads),
-         "-c", "4096"], capture_output=True, text=True, timeout=900)
+         "-c", "4096", *cpp_extra_args()], capture_output=True, text=True, timeout=900)
     m = DECODED.search(proc.stderr)
     if not m:
         sys.exit(f"error: could not parse {binary} output:\n{proc.stderr[-2000:]}")

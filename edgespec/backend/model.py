@@ -23,9 +23,10 @@ from ..config import ModelConfig
 from ..errors import BackendError, ContextOverflowError, ModelLoadError
 from ..gguf_file import GGUFInfo, check_causal_lm, read_gguf
 from ..lm import VocabInfo
+from .preflight import use_extra_buffers
 from .runtime import ensure_init, ggml, gpu_devices
 from .tap import Tap
-from .vocab import read_vocab, token_text
+from .vocab import HasVocabulary, Vocabulary
 
 _DECODE_ERRORS = {1: "no room in the KV cache", 2: "aborted", -1: "invalid batch"}
 
@@ -44,7 +45,7 @@ def check_eval(model, tokens: Sequence[int], n_logits: int) -> int:
     return n
 
 
-class LlamaModel:
+class LlamaModel(HasVocabulary):
     """One GGUF model and one llama.cpp context (see the module docstring)."""
 
     def __init__(self, config: ModelConfig, tap_min_vocab: Optional[int] = None,
@@ -69,19 +70,23 @@ class LlamaModel:
         self.on_step: Optional[Callable[[int, int, float], int]] = None
         self.before_step: Optional[Callable[[], int]] = None     # threads for the next pass
         self._last_chunk = 0          # tokens in the last llama_decode call
-        self._piece_cache: dict[int, bytes] = {}
-        self._piece_buf = ctypes.create_string_buffer(256)
 
         mparams = C.llama_model_default_params()
         mparams.n_gpu_layers = config.n_gpu_layers if config.n_gpu_layers >= 0 else 999
+        # AMX and repacked weights only where a child process showed that they do not kill
+        # the process on this CPU (backend/preflight.py)
+        self.extra_buffers = use_extra_buffers(self.info.tensors, config.cpu_extra_buffers)
+        mparams.use_extra_bufts = self.extra_buffers
         self._devices = devices     # llama.cpp keeps the pointer: keep the array alive
         if devices is not None:
             mparams.devices = ctypes.cast(devices, ctypes.c_void_p)
         self._model = C.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
-            raise ModelLoadError(self.path, "llama.cpp could not load this model (unsupported "
-                                            "architecture or damaged tensors; run with "
-                                            "--verbose to see llama.cpp's log)")
+            err = ModelLoadError(self.path, "llama.cpp could not load this model (unsupported "
+                                            "architecture or damaged tensors; load it with "
+                                            "verbose=True to see llama.cpp's log)")
+            err.options = ("verbose",)
+            raise err
         try:
             self._open_context(tap_min_vocab)
         except BaseException:
@@ -93,8 +98,8 @@ class LlamaModel:
         if C.llama_model_has_encoder(model) and not C.llama_model_has_decoder(model):
             raise ModelLoadError(self.path, "is an encoder-only model, not a text-generation "
                                             "model")
-        self._vocab_p = C.llama_model_get_vocab(model)
-        self.vocab: VocabInfo = read_vocab(self._vocab_p)
+        self.vocabulary = Vocabulary(C.llama_model_get_vocab(model), self.path)
+        self.vocab: VocabInfo = self.vocabulary.info
         self.n_ctx_train = C.llama_model_n_ctx_train(model)
         self.n_embd = C.llama_model_n_embd(model)
         self.n_outputs_max = min(config.n_outputs_max, config.n_batch)
@@ -133,10 +138,6 @@ class LlamaModel:
     def n_vocab(self) -> int:
         return self.vocab.n_vocab
 
-    def token_text(self, token: int) -> bytes:
-        """The raw vocabulary entry (as stored in the GGUF), for the pair check."""
-        return token_text(self._vocab_p, token)
-
     def describe(self) -> dict:
         return {"path": str(self.path), "name": self.info.name,
                 "architecture": self.info.architecture,
@@ -144,37 +145,8 @@ class LlamaModel:
                 "n_params": int(C.llama_model_n_params(self._model)),
                 "n_ctx": self.n_ctx, "n_ctx_train": self.n_ctx_train,
                 "n_vocab": self.n_vocab, "n_threads": self.n_threads,
-                "n_gpu_layers": self.config.n_gpu_layers}
-
-    # -- text <-> tokens ------------------------------------------------------------------
-
-    def tokenize(self, text: str, add_special: bool = True,
-                 parse_special: bool = True) -> list[int]:
-        """Tokens of ``text``; ``add_special`` adds BOS/EOS as the model asks."""
-        raw = text.encode("utf-8")
-        cap = len(raw) + 16
-        for _ in range(2):
-            buf = (C.llama_token * cap)()
-            n = C.llama_tokenize(self._vocab_p, raw, len(raw), buf, cap, add_special,
-                                 parse_special)
-            if n >= 0:
-                return list(buf[:n])
-            cap = -n
-        raise BackendError(f"tokenization failed for a text of {len(raw)} bytes")
-
-    def token_bytes(self, token: int) -> bytes:
-        """The bytes a token contributes to the output (control tokens contribute none)."""
-        piece = self._piece_cache.get(token)
-        if piece is None:
-            n = C.llama_token_to_piece(self._vocab_p, token, self._piece_buf, 256, 0, False)
-            if n < 0:
-                buf = ctypes.create_string_buffer(-n)
-                n = C.llama_token_to_piece(self._vocab_p, token, buf, -n, 0, False)
-                piece = buf.raw[:n]
-            else:
-                piece = self._piece_buf.raw[:n]
-            self._piece_cache[token] = piece
-        return piece
+                "n_gpu_layers": self.config.n_gpu_layers,
+                "cpu_extra_buffers": self.extra_buffers}
 
     # -- the KV cache ---------------------------------------------------------------------
 
@@ -302,7 +274,8 @@ class LlamaModel:
             raise BackendError(
                 f"{self.path.name}: llama.cpp cannot remove positions from this model's cache "
                 "(recurrent or hybrid architecture); speculative decoding needs a model whose "
-                "cache can be trimmed — use --no-spec")
+                "cache can be trimmed — decode plainly (speculative=False)",
+                options=("speculative",))
         del self.tokens[n:]
 
     def cache_span(self) -> tuple[int, int]:

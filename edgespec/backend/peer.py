@@ -4,12 +4,39 @@ Python user would otherwise pick (``llama_cpp.Llama``, plain or with its prompt 
 from __future__ import annotations
 
 import os
+import threading
 import time
-from typing import Optional, Sequence
+from contextlib import contextmanager
+from typing import Iterator, Optional, Sequence
 
 import llama_cpp.llama_cpp as C
 
+from ..gguf_file import read_gguf
+from .preflight import use_extra_buffers
 from .runtime import ensure_init
+
+_PARAMS_LOCK = threading.Lock()
+
+
+@contextmanager
+def _extra_buffers(on: bool) -> Iterator[None]:
+    """``llama_cpp.Llama`` takes no parameter for llama.cpp's extra CPU buffer types: while
+    one is built, the default model parameters it starts from carry ``use_extra_bufts``."""
+    if on:
+        yield
+        return
+    default = C.llama_model_default_params
+
+    def without() -> C.llama_model_params:
+        params = default()
+        params.use_extra_bufts = False
+        return params
+    with _PARAMS_LOCK:
+        C.llama_model_default_params = without
+        try:
+            yield
+        finally:
+            C.llama_model_default_params = default
 
 
 class LlamaCppPythonPeer:
@@ -18,14 +45,16 @@ class LlamaCppPythonPeer:
 
     def __init__(self, path: str | os.PathLike, *, n_ctx: int = 2048,
                  n_threads: Optional[int] = None, prompt_lookup: bool = False,
-                 num_pred_tokens: int = 10):
+                 num_pred_tokens: int = 10, cpu_extra_buffers: str = "auto"):
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
         ensure_init()
         draft = LlamaPromptLookupDecoding(num_pred_tokens=num_pred_tokens) if prompt_lookup \
             else None
-        self.llm = Llama(str(path), n_ctx=n_ctx, n_threads=n_threads,
-                         n_threads_batch=n_threads, draft_model=draft, verbose=False)
+        # the same preflight as edgespec's own models: a CPU kernel that faults stays off
+        with _extra_buffers(use_extra_buffers(read_gguf(path).tensors, cpu_extra_buffers)):
+            self.llm = Llama(str(path), n_ctx=n_ctx, n_threads=n_threads,
+                             n_threads_batch=n_threads, draft_model=draft, verbose=False)
         vocab = C.llama_model_get_vocab(self.llm.model)
         self.eog = {t for t in range(self.llm.n_vocab()) if C.llama_vocab_is_eog(vocab, t)}
 

@@ -15,7 +15,6 @@ Tokenizing stays here, on a vocabulary-only load of the same file: only passes c
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 import os
 import pickle
@@ -34,7 +33,7 @@ from ..errors import (BackendError, ContextOverflowError, InvalidParameterError,
 from ..gguf_file import GGUFInfo, check_causal_lm, read_gguf
 from .model import LlamaModel, check_eval
 from .rpc import probe
-from .vocab import VocabOnly
+from .vocab import HasVocabulary, VocabOnly
 
 _HEAD = struct.Struct("<I")
 CLOSE_WAIT = 5.0            # seconds a child gets to free its model before it is killed
@@ -68,7 +67,7 @@ def _read_exact(fd: int, n: int) -> bytes:
     return b"".join(parts)
 
 
-class RemoteModel:
+class RemoteModel(HasVocabulary):
     """A :class:`~edgespec.lm.LanguageModel` whose llama.cpp context runs in a child process
     with the layers on ``config.rpc``'s workers (see the module docstring)."""
 
@@ -83,10 +82,8 @@ class RemoteModel:
         for ep in self.endpoints:                 # bounded, before llama.cpp connects
             probe(ep)
         self._vocab_only = VocabOnly(config.path)
-        self._vocab_p = self._vocab_only._vocab_p
-        self.vocab = self._vocab_only.vocab
-        self._piece_cache: dict[int, bytes] = {}
-        self._piece_buf = ctypes.create_string_buffer(256)
+        self.vocabulary = self._vocab_only.vocabulary
+        self.vocab = self.vocabulary.info
         self.tokens: list[int] = []
         self.decode_seconds = 0.0
         self.n_threads = config.n_threads
@@ -107,11 +104,6 @@ class RemoteModel:
         except BaseException:
             self.close()
             raise
-
-    # borrowed from LlamaModel: they use only _vocab_p and the piece cache
-    tokenize = LlamaModel.tokenize
-    token_bytes = LlamaModel.token_bytes
-    token_text = LlamaModel.token_text
 
     @property
     def n_vocab(self) -> int:

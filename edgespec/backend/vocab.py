@@ -1,4 +1,6 @@
-"""Vocabularies: reading a model's tokenizer facts, and the pair compatibility check.
+"""Vocabularies: one class over llama.cpp's vocabulary handle (tokenizing, token bytes and
+texts, the tokenizer facts) that serves a loaded model, a remote model and the grammar
+engine's tokenizer alike, and the pair compatibility check.
 
 The check follows llama.cpp's ``common_speculative_are_compatible``: same tokenizer type,
 same BOS/EOS and their add flags, vocabulary sizes within 128, identical token text from id 5
@@ -36,9 +38,83 @@ def read_vocab(vocab_p) -> VocabInfo:
                      add_eos=bool(C.llama_vocab_get_add_eos(vocab_p)), eog=eog)
 
 
-def token_text(vocab_p, token: int) -> bytes:
-    """The raw vocabulary entry (as stored in the GGUF)."""
-    return C.llama_vocab_get_text(vocab_p, token) or b""
+class Vocabulary:
+    """A llama.cpp vocabulary (``llama_vocab *``, owned by the model that gave it, which must
+    outlive this object): text to tokens and back, and its facts (:attr:`info`)."""
+
+    def __init__(self, vocab_p, path: object = "this model") -> None:
+        # llama.cpp aborts the process on any text look-up in a model without a vocabulary
+        if C.llama_vocab_type(vocab_p) == C.LLAMA_VOCAB_TYPE_NONE:
+            raise ModelLoadError(path, "has no tokenizer (tokenizer.ggml.model is 'none'): "
+                                       "edgespec needs a model that turns text into tokens")
+        self._p = vocab_p
+        self.info: VocabInfo = read_vocab(vocab_p)
+        self._piece_cache: dict[int, bytes] = {}
+        self._piece_buf = ctypes.create_string_buffer(256)
+
+    def check_token(self, token: int) -> int:
+        """``token`` if it is an id of this vocabulary; llama.cpp's own look-ups of an id out
+        of range throw through C and abort the process."""
+        if not 0 <= token < self.info.n_vocab:
+            raise BackendError(f"token id {token} is not in this model's vocabulary "
+                               f"(0-{self.info.n_vocab - 1})")
+        return token
+
+    def tokenize(self, text: str | bytes, add_special: bool = True,
+                 parse_special: bool = True) -> list[int]:
+        """Tokens of ``text``; ``add_special`` adds BOS/EOS as the model asks,
+        ``parse_special`` reads control-token texts as those tokens."""
+        raw = text.encode("utf-8") if isinstance(text, str) else text
+        cap = len(raw) + 16
+        for _ in range(2):
+            buf = (C.llama_token * cap)()
+            n = C.llama_tokenize(self._p, raw, len(raw), buf, cap, add_special, parse_special)
+            if n >= 0:
+                return list(buf[:n])
+            cap = -n
+        raise BackendError(f"tokenization failed for a text of {len(raw)} bytes")
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """The bytes of ``token`` as llama.cpp renders it (``special``: control tokens too)."""
+        self.check_token(token)
+        n = C.llama_token_to_piece(self._p, token, self._piece_buf, 256, 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = C.llama_token_to_piece(self._p, token, buf, -n, 0, special)
+            return buf.raw[:n]
+        return self._piece_buf.raw[:n]
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token contributes to the output (control tokens contribute none)."""
+        piece = self._piece_cache.get(token)
+        if piece is None:
+            piece = self._piece_cache[token] = self.piece(token)
+        return piece
+
+    def token_text(self, token: int) -> bytes:
+        """The raw vocabulary entry (as stored in the GGUF)."""
+        return C.llama_vocab_get_text(self._p, self.check_token(token)) or b""
+
+    def attr(self, token: int) -> int:
+        return C.llama_vocab_get_attr(self._p, self.check_token(token))
+
+
+class HasVocabulary:
+    """``tokenize``, ``token_bytes`` and ``token_text`` of a model, from its ``vocabulary``
+    (a :class:`Vocabulary`): the part of :class:`~edgespec.lm.LanguageModel` that text
+    needs, the same for a model loaded here and one that runs in a child process."""
+
+    vocabulary: Vocabulary
+
+    def tokenize(self, text: str, add_special: bool = True,
+                 parse_special: bool = True) -> list[int]:
+        return self.vocabulary.tokenize(text, add_special, parse_special)
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.vocabulary.token_bytes(token)
+
+    def token_text(self, token: int) -> bytes:
+        return self.vocabulary.token_text(token)
 
 
 class VocabOnly:
@@ -53,11 +129,15 @@ class VocabOnly:
         self._model = C.llama_model_load_from_file(str(self.path).encode(), params)
         if not self._model:
             raise ModelLoadError(self.path, "llama.cpp could not read this model's tokenizer")
-        self._vocab_p = C.llama_model_get_vocab(self._model)
-        self.vocab = read_vocab(self._vocab_p)
+        try:
+            self.vocabulary = Vocabulary(C.llama_model_get_vocab(self._model), self.path)
+        except BaseException:
+            self.close()
+            raise
+        self.vocab = self.vocabulary.info
 
     def token_text(self, token: int) -> bytes:
-        return token_text(self._vocab_p, token)
+        return self.vocabulary.token_text(token)
 
     def close(self) -> None:
         if self._model:
@@ -114,19 +194,16 @@ class GrammarVocab:
 
     def __init__(self, path: str | os.PathLike):
         self._vocab = VocabOnly(path)
-        vp = self._vocab._vocab_p
-        info = self._vocab.vocab
+        vocabulary = self._vocab.vocabulary
+        info = vocabulary.info
         self.eog, self.bos = info.eog, info.bos
-        buf_len = 16 * 1024
-        buf = ctypes.create_string_buffer(buf_len)
         control = C.LLAMA_TOKEN_ATTR_CONTROL
         user = C.LLAMA_TOKEN_ATTR_USER_DEFINED
         self.pieces: list[bytes] = []
         self.special: list[int] = []
         for t in range(info.n_vocab):
-            n = C.llama_token_to_piece(vp, t, buf, buf_len, 0, True)
-            piece = buf.raw[:max(n, 0)]
-            attr = C.llama_vocab_get_attr(vp, t)
+            piece = vocabulary.piece(t, special=True)
+            attr = vocabulary.attr(t)
             if attr & control or (attr & user and piece.startswith(b"<")
                                   and piece.endswith(b">")):
                 piece = b"\xff" + piece
@@ -136,12 +213,4 @@ class GrammarVocab:
     def tokenize(self, text: bytes) -> list[int]:
         """Tokens of ``text`` as the model's tokenizer splits it: no BOS, special tokens not
         parsed."""
-        vp = self._vocab._vocab_p
-        cap = len(text) + 16
-        for _ in range(2):
-            out = (C.llama_token * cap)()
-            n = C.llama_tokenize(vp, text, len(text), out, cap, False, False)
-            if n >= 0:
-                return list(out[:n])
-            cap = -n
-        raise BackendError(f"tokenization failed for a text of {len(text)} bytes")
+        return self._vocab.vocabulary.tokenize(text, add_special=False, parse_special=False)

@@ -84,7 +84,8 @@ def run_load_bench(engine, prompts: list[str], *, load: int, max_tokens: int, ra
              for m in ("plain", "speculative")}
     peer = None
     if peers:
-        peer = LlamaCppPythonPeer(engine.target.path, n_ctx=2048, n_threads=most)
+        peer = LlamaCppPythonPeer(engine.target.path, n_ctx=2048, n_threads=most,
+                                  cpu_extra_buffers=engine.target.config.cpu_extra_buffers)
         cells.update({(c, "llama-cpp-python", "plain"): Cell() for c in conditions})
     token_prompts = [engine.prompt_tokens(p, raw=raw) for p in prompts]
     costs = engine._drafting.costs          # None with a pinned draft length

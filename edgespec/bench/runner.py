@@ -147,7 +147,8 @@ def run_bench(engine, prompts: list[str], *, max_tokens: int, sampling: Sampling
             if c.peer:
                 peer_objs[c.name] = LlamaCppPythonPeer(
                     engine.target.path, n_ctx=2048, n_threads=engine.target.config.n_threads,
-                    prompt_lookup=c.peer == "lookup")
+                    prompt_lookup=c.peer == "lookup",
+                    cpu_extra_buffers=engine.target.config.cpu_extra_buffers)
         # The cost model's prediction needs costs measured on this run's machine state:
         # calibrate before and after the runs and average (a cached calibration can be days
         # old, and a shared machine's speed drifts by tens of percent).

@@ -160,9 +160,11 @@ class Drafters:
         spec = replace(self.spec, draft_max=draft_max)
         limit = self.target.n_outputs_max - 1
         if spec.most_drafts > limit:
-            raise InvalidParameterError(
+            err = InvalidParameterError(
                 "draft_max", draft_max, f"at most {limit} for this Engine (its target was "
                 f"loaded to verify {limit} drafts per pass; load it with draft_max="
-                f"{draft_max}, --draft-max {draft_max} on the command line, for longer drafts)")
+                f"{draft_max} for longer drafts)")
+            err.options = ("draft_max",)
+            raise err
         self.spec = spec
         self._by_kind.clear()

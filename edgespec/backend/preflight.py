@@ -1,0 +1,430 @@
+"""Preflight for CPU code paths that can kill the process: llama.cpp's extra CPU buffer types.
+
+llama.cpp moves quantised weights into "extra" CPU buffer types at load time (``AMX`` on Intel
+Xeons that report it, ``CPU_REPACK`` on AVX2 and newer) and runs their own kernels on them.
+Those kernels trust what the CPU reports; when the OS or the hypervisor has not enabled the
+feature for every thread, the first batched ``llama_decode`` ends the whole process with
+SIGILL (measured on a Xeon with AMX under Linux 6.18: llama.cpp PR #26954, issue #28328), and
+an app that embeds edgespec cannot catch that.
+
+So before the first model with quantised weights is loaded, a child process
+(``python -m edgespec.backend.preflight``) writes a tiny GGUF with the ``gguf`` package,
+quantises it to the types those kernels handle and decodes batches with it, once with the
+extra buffer types and once without, side by side. The verdict is kept per CPU, kernel and
+llama.cpp build in the cache folder (:func:`edgespec.paths.cpu_check_file`): later loads in
+this process cost nothing, later processes one small file read. When the child dies by a
+signal, models load with the extra buffer types off (``use_extra_bufts = False``, measured the
+fastest safe choice: docs/decisions.md) and one note says so.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import hashlib
+import json
+import logging
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import llama_cpp.llama_cpp as C
+
+from .. import paths
+from ..config import CPU_EXTRA_BUFFERS
+from ..errors import BackendError
+from .runtime import LLAMA_CPP_VERSION, ensure_init, ggml
+
+log = logging.getLogger(__name__)
+
+UPSTREAM = "llama.cpp #26954"
+CHECK_TIMEOUT = 60.0      # seconds for one child; a tiny model decodes in milliseconds
+# ggml types whose weights stay in plain buffers whatever the build (no extra kernel faults)
+_PLAIN_TYPES = {0, 1, 30}          # F32, F16, BF16
+# What the child quantises the probe model to (llama_ftype): every weight type the AMX and
+# repack kernels of llama.cpp handle on x86 (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, Q2_K).
+_PROBE_FTYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q4_K_M": 15, "Q5_K_M": 17, "Q2_K": 10}
+_PROBE_BATCHES = (8, 1)            # a batch takes the tile kernels; one token may not
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the preflight found on this CPU, kernel and llama.cpp build."""
+
+    extra_buffers: tuple        # the CPU's extra buffer types in this build, e.g. ("AMX", …)
+    faults: bool                # a decode with them died by a signal
+    cause: str                  # how it died ("SIGILL on Q4_0 weights, a batch of 8 tokens")
+    fallback_faults: bool       # …and the decode without them died too
+    seconds: float              # wall time of the check
+    checked: str                # when (ISO 8601, UTC)
+    timed_out: bool = False     # a child neither finished nor died in time: not kept
+    cached: bool = False        # read from the cache folder, not measured by this process
+
+    @property
+    def use_extra_buffers(self) -> bool:
+        return bool(self.extra_buffers) and not self.faults
+
+    def note(self) -> str:
+        """The one line a user is told when the extra buffer types are off."""
+        what = "AMX unit" if "AMX" in self.extra_buffers else \
+            "extra CPU kernels (" + ", ".join(self.extra_buffers) + ")"
+        it = "it" if what == "AMX unit" else "them"
+        return (f"this CPU's {what} faults under this kernel ({self.cause}; {UPSTREAM}): "
+                f"running without {it}; cpu_extra_buffers='on' forces {it}")
+
+    def describe(self) -> str:
+        """``edgespec info``'s line."""
+        if not self.extra_buffers:
+            return "none in this build"
+        names = ", ".join(self.extra_buffers)
+        if self.faults:
+            return f"{names}: fault on this CPU ({self.cause}; {UPSTREAM}): off"
+        return f"{names}: checked, they work here: on"
+
+
+# ---------------------------------------------------------------------------------------------
+# The extra buffer types of this build
+
+def extra_buffer_types() -> tuple:
+    """Names of the CPU device's extra buffer types (``ggml_backend_dev_get_extra_bufts``),
+    in llama.cpp's order of preference; () when there are none or ggml cannot be read."""
+    ensure_init()
+    lib = ggml()
+    if lib is None:
+        return ()
+    vp = ctypes.c_void_p
+    try:
+        for name, res, args in (("ggml_backend_dev_by_type", vp, [ctypes.c_int]),
+                                ("ggml_backend_dev_backend_reg", vp, [vp]),
+                                ("ggml_backend_reg_get_proc_address", vp, [vp, ctypes.c_char_p]),
+                                ("ggml_backend_buft_name", ctypes.c_char_p, [vp])):
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = res, args
+    except AttributeError:
+        return ()
+    dev = lib.ggml_backend_dev_by_type(0)               # GGML_BACKEND_DEVICE_TYPE_CPU
+    if not dev:
+        return ()
+    proc = lib.ggml_backend_reg_get_proc_address(lib.ggml_backend_dev_backend_reg(dev),
+                                                  b"ggml_backend_dev_get_extra_bufts")
+    if not proc:
+        return ()
+    arr = ctypes.CFUNCTYPE(ctypes.POINTER(vp), vp)(proc)(dev)
+    names = []
+    i = 0
+    while arr and arr[i]:
+        names.append(lib.ggml_backend_buft_name(arr[i]).decode(errors="replace"))
+        i += 1
+    return tuple(names)
+
+
+def has_quantised_weights(tensors: dict) -> bool:
+    """Whether a model (a :class:`~edgespec.gguf_file.GGUFInfo`'s ``tensors``) has weights
+    that llama.cpp may put in an extra buffer type."""
+    return any(ttype not in _PLAIN_TYPES and len(dims) >= 2
+               for dims, ttype, _, _ in tensors.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# The verdict: this process, the cache folder, or a check
+
+def cache_key() -> tuple[str, dict]:
+    """(key, what it is made of): the CPU (model and feature flags), the kernel and the
+    llama.cpp build (its version and its libraries' sizes and dates)."""
+    cpu = {"model": platform.processor() or platform.machine(), "flags": ""}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                k = k.strip()
+                if k == "model name" and cpu["model"] in ("", platform.machine(), "x86_64"):
+                    cpu["model"] = v.strip()
+                elif k in ("flags", "Features") and not cpu["flags"]:
+                    cpu["flags"] = hashlib.sha256(v.strip().encode()).hexdigest()[:16]
+                if cpu["flags"] and k == "" and cpu["model"]:
+                    break
+    except OSError:
+        pass
+    libdir = Path(C.__file__).parent / "lib"
+    libs = []
+    for p in sorted(libdir.glob("*")):
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        libs.append(f"{p.name}:{st.st_size}:{st.st_mtime_ns}")
+    parts = {"cpu": cpu["model"], "cpu_flags": cpu["flags"],
+             "kernel": f"{platform.system()} {platform.release()} {platform.version()}",
+             "llama_cpp_python": LLAMA_CPP_VERSION,
+             "build": hashlib.sha256("\n".join(libs).encode()).hexdigest()[:16]}
+    key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
+    return key, parts
+
+
+class _State:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.verdict: Optional[Verdict] = None
+        self.noted = False
+
+
+_STATE = _State()
+
+
+def verdict(refresh: bool = False, *,
+            command: Optional[Callable[[bool], Sequence[str]]] = None) -> Verdict:
+    """This build's verdict on this CPU: from this process, else the cache folder, else a
+    check in child processes (``refresh=True``: check again). ``command(extra)`` is the
+    child's command line (tests give one that dies by a real signal)."""
+    with _STATE.lock:
+        if _STATE.verdict is not None and not refresh:
+            return _STATE.verdict
+        key, parts = cache_key()
+        found = None if refresh else _read_cache(key)
+        if found is None:
+            found = run_check(command)
+            if not found.timed_out:      # a stalled child may be a busy machine: ask again
+                _write_cache(key, parts, found)
+        _STATE.verdict = found
+        return found
+
+
+def forget() -> None:
+    """Drop this process's verdict (tests; an app that changed llama.cpp's build)."""
+    with _STATE.lock:
+        _STATE.verdict = None
+        _STATE.noted = False
+
+
+def use_extra_buffers(tensors: dict, mode: str = "auto") -> bool:
+    """Whether a model with these weights may use the CPU's extra buffer types (``mode``:
+    ``"on"`` and ``"off"`` decide without a check; ``"auto"`` asks :func:`verdict` when it
+    matters: quantised weights and a build that has extra buffer types). Raises
+    :class:`BackendError` when llama.cpp dies on this CPU even without them."""
+    assert mode in CPU_EXTRA_BUFFERS, mode       # ModelConfig checked it
+    if mode != "auto":
+        return mode == "on"
+    if not has_quantised_weights(tensors) or not extra_buffer_types():
+        return True
+    v = verdict()
+    if v.fallback_faults:
+        raise BackendError(
+            f"llama.cpp dies on this CPU even without its extra CPU kernels ({v.cause}): "
+            "this llama-cpp-python was built for a CPU this one is not; rebuild it for this "
+            "machine (see the README, Installing: CMAKE_ARGS with GGML_NATIVE=OFF)")
+    if v.faults:
+        with _STATE.lock:
+            first, _STATE.noted = not _STATE.noted, True
+        if first:
+            log.warning(v.note(), extra={"note": True, "options": ("cpu_extra_buffers",)})
+        return False
+    return True
+
+
+def info(recheck: bool = False) -> dict:
+    """What ``edgespec info`` shows: the extra buffer types, the verdict (checked now when
+    there is none yet), when and how long it took, and whether it came from the cache."""
+    extra = extra_buffer_types()
+    if not extra:
+        return {"extra_buffers": [], "faults": False, "use": True, "cached": False,
+                "summary": "none in this build (nothing to check)"}
+    v = verdict(refresh=recheck)
+    when = "kept from " + v.checked if v.cached else f"checked now in {v.seconds:.2f} s"
+    return {"extra_buffers": list(v.extra_buffers), "faults": v.faults, "cause": v.cause,
+            "fallback_faults": v.fallback_faults, "use": v.use_extra_buffers,
+            "checked": v.checked, "seconds": v.seconds, "cached": v.cached,
+            "cache_file": str(paths.cpu_check_file()),
+            "summary": f"{v.describe()} ({when}; --cpu-extra-buffers on|off overrides)"}
+
+
+def _read_cache(key: str) -> Optional[Verdict]:
+    try:
+        entry = json.loads(paths.cpu_check_file().read_text())[key]["verdict"]
+        return Verdict(**{**entry, "extra_buffers": tuple(entry["extra_buffers"]),
+                          "cached": True})
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_cache(key: str, parts: dict, v: Verdict) -> None:
+    path = paths.cpu_check_file()
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            data = {}
+    except (OSError, ValueError):
+        data = {}
+    data[key] = {"of": parts, "verdict": {k: val for k, val in asdict(v).items()
+                                          if k != "cached"}}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".cpu-check-")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1)
+        os.replace(tmp, path)
+    except OSError as e:          # a read-only cache: check again next time
+        log.debug("cannot keep the CPU check in %s: %s", path, e)
+
+
+# ---------------------------------------------------------------------------------------------
+# The check
+
+def _child_command(extra: bool) -> list[str]:
+    return [sys.executable, "-m", "edgespec.backend.preflight", "--child",
+            "on" if extra else "off"]
+
+
+def run_check(command: Optional[Callable[[bool], Sequence[str]]] = None) -> Verdict:
+    """Decode with and without the extra buffer types, each in a child process, both at
+    once; a child that dies by a signal is a fault. Never raises for what a child does."""
+    command = command or _child_command
+    extra = extra_buffer_types()
+    t0 = time.perf_counter()
+    env = dict(os.environ, PYTHONFAULTHANDLER="0")
+    procs = {on: subprocess.Popen(list(command(on)), stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+                                  text=True)
+             for on in (True, False)}
+    results = {}
+    for on, proc in procs.items():
+        try:
+            out, _ = proc.communicate(timeout=max(1.0, CHECK_TIMEOUT - (time.perf_counter() - t0)))
+            results[on] = (proc.returncode, out)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+            results[on] = (None, out)
+    seconds = time.perf_counter() - t0
+
+    def death(on: bool) -> str:
+        rc, out = results[on]
+        step = (out or "").strip().splitlines()[-1:] or [""]
+        where = step[0].removeprefix("step ").strip()
+        if rc is None:
+            return f"no answer within {CHECK_TIMEOUT:g} s" + (f" on {where}" if where else "")
+        if rc < 0:
+            try:
+                name = signal.Signals(-rc).name
+            except ValueError:
+                name = f"signal {-rc}"
+            return name + (f" on {where}" if where else "")
+        return ""
+
+    cause_on, cause_off = death(True), death(False)
+    for on, (rc, out) in results.items():
+        if rc not in (0, None) and rc > 0:
+            log.debug("CPU check child (extra buffers %s) exited with %s: %s",
+                      "on" if on else "off", rc, (out or "")[-500:])
+    return Verdict(extra_buffers=extra, faults=bool(cause_on), cause=cause_on or cause_off,
+                   fallback_faults=bool(cause_off), seconds=round(seconds, 3),
+                   timed_out=any(rc is None for rc, _ in results.values()),
+                   checked=datetime.datetime.now(datetime.timezone.utc)
+                   .isoformat(timespec="seconds"))
+
+
+# ---------------------------------------------------------------------------------------------
+# The child: a tiny model, quantised and decoded
+
+def write_probe_model(path: Path, n_vocab: int = 512, n_embd: int = 256, n_ff: int = 512,
+                      tokenizer: str = "llama") -> None:
+    """A one-layer llama-architecture GGUF with random F32 weights, shaped so that every
+    weight matrix is eligible for llama.cpp's AMX and repack kernels (rows a multiple of 32,
+    columns of 256). ``tokenizer="none"``: a model without a vocabulary (tests)."""
+    import gguf
+    import numpy as np
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("edgespec-cpu-check")
+    w.add_context_length(64)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(1)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(4)
+    w.add_head_count_kv(4)
+    w.add_rope_dimension_count(n_embd // 4)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(n_vocab)
+    w.add_tokenizer_model(tokenizer)
+    if tokenizer != "none":
+        w.add_token_list([b"<unk>", b"<s>", b"</s>"]
+                         + [f"t{i}".encode() for i in range(n_vocab - 3)])
+        w.add_token_scores([0.0] * n_vocab)
+        w.add_token_types([2, 3, 3] + [1] * (n_vocab - 3))
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+    rng = np.random.default_rng(0)
+
+    def weight(name: str, rows: int, cols: int) -> None:
+        w.add_tensor(name, (rng.standard_normal((rows, cols)) * 0.02).astype(np.float32))
+    weight("token_embd.weight", n_vocab, n_embd)
+    weight("output.weight", n_vocab, n_embd)
+    w.add_tensor("output_norm.weight", np.ones(n_embd, np.float32))
+    w.add_tensor("blk.0.attn_norm.weight", np.ones(n_embd, np.float32))
+    w.add_tensor("blk.0.ffn_norm.weight", np.ones(n_embd, np.float32))
+    for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
+        weight(f"blk.0.{name}.weight", n_embd, n_embd)
+    weight("blk.0.ffn_gate.weight", n_ff, n_embd)
+    weight("blk.0.ffn_up.weight", n_ff, n_embd)
+    weight("blk.0.ffn_down.weight", n_embd, n_ff)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _decode_probe(path: Path, extra: bool, n_threads: int) -> None:
+    mparams = C.llama_model_default_params()
+    mparams.use_extra_bufts = extra
+    model = C.llama_model_load_from_file(str(path).encode(), mparams)
+    if not model:
+        raise SystemExit(f"cannot load {path}")
+    cparams = C.llama_context_default_params()
+    cparams.n_ctx = cparams.n_batch = cparams.n_ubatch = 64
+    cparams.n_threads = cparams.n_threads_batch = n_threads
+    ctx = C.llama_init_from_model(model, cparams)
+    batch = C.llama_batch_init(64, 0, 1)
+    pos = 0
+    for n in _PROBE_BATCHES:
+        print(f"step {path.stem} weights, a batch of {n} token{'s' * (n > 1)}", flush=True)
+        for i in range(n):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = 3 + i, pos + i, 1
+            batch.seq_id[i][0], batch.logits[i] = 0, i == n - 1
+        batch.n_tokens = n
+        if C.llama_decode(ctx, batch) != 0:
+            raise SystemExit("llama_decode failed")
+        C.llama_synchronize(ctx)
+        pos += n
+    C.llama_batch_free(batch)
+    C.llama_free(ctx)
+    C.llama_model_free(model)
+
+
+def _child(extra: bool) -> int:
+    from .runtime import ensure_init as init
+    init()
+    threads = max(2, min(os.cpu_count() or 2, 4))
+    with tempfile.TemporaryDirectory(prefix="edgespec-cpu-check-") as tmp:
+        f32 = Path(tmp) / "probe-F32.gguf"
+        write_probe_model(f32)
+        for name, ftype in _PROBE_FTYPES.items():
+            out = Path(tmp) / f"{name}.gguf"
+            qp = C.llama_model_quantize_default_params()
+            qp.ftype, qp.allow_requantize, qp.nthread = ftype, True, 1
+            if C.llama_model_quantize(str(f32).encode(), str(out).encode(), qp) != 0:
+                continue
+            _decode_probe(out, extra, threads)
+    print("ok", flush=True)
+    return 0
+
+
+if __name__ == "__main__":      # the child: python -m edgespec.backend.preflight --child on|off
+    if len(sys.argv) == 3 and sys.argv[1] == "--child" and sys.argv[2] in ("on", "off"):
+        sys.exit(_child(sys.argv[2] == "on"))
+    sys.exit("usage: python -m edgespec.backend.preflight --child on|off")
