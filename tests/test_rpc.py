@@ -70,6 +70,19 @@ def test_greedy_through_two_workers_equals_local(workers, gemma_f32_path, gemma_
     assert sum(r.stats.accepted for r in remote) > 0
 
 
+def test_a_worker_serves_quantised_weights_on_any_cpu(workers, gemma_q4_path):
+    """ggml-rpc's server keeps every tensor in the CPU's default buffer type, so the extra CPU
+    kernels that fault on some CPUs (AMX: backend/preflight.py) never run in a worker: a
+    quantised model through one decodes as it does locally without them."""
+    greedy = SamplingParams(temperature=0.0)
+    with Engine.load(gemma_q4_path, n_ctx=512, cpu_extra_buffers="off") as eng:
+        local = eng.generate(PROMPTS[0], max_tokens=24, sampling=greedy, raw=True).tokens
+    ep = workers(1)[0].endpoint
+    with Engine.load(gemma_q4_path, n_ctx=512, rpc=ep, cpu_extra_buffers="off") as eng:
+        remote = eng.generate(PROMPTS[0], max_tokens=24, sampling=greedy, raw=True).tokens
+    assert remote == local
+
+
 def test_sampled_output_through_a_worker_has_the_targets_distribution(
         workers, smollm2_f32_path, smollm2_q2k_path):
     """The joint of the first two sampled tokens through RPC, with the local draft drafting
