@@ -14,7 +14,7 @@ import textwrap
 import pytest
 
 from edgespec.backend import LlamaModel, VocabOnly
-from edgespec.backend.preflight import write_probe_model
+from edgespec.backend.probe import write_probe_model
 from edgespec.config import ModelConfig
 from edgespec.errors import BackendError, ContextOverflowError, ModelLoadError
 
