@@ -305,13 +305,3 @@ class GrammarState:
             raise BackendError(f"the grammar engine could not roll back {n} tokens")
         del self._masks[len(self._masks) - n:]
         del self._fed[len(self._fed) - n:]
-
-    @property
-    def accepting(self) -> bool:
-        """The output so far is complete (the grammar may end here)."""
-        return self._m.is_accepting()
-
-    @property
-    def stopped(self) -> bool:
-        """Nothing but the end of generation may follow."""
-        return self._m.is_stopped()

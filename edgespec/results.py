@@ -8,9 +8,6 @@ from typing import Optional
 
 from .speculative import LoopStats
 
-FINISH_REASONS = ("stop", "length", "cancelled")
-
-
 @dataclass
 class GenerationStats:
     """What one generation cost and how speculation did (times in seconds).

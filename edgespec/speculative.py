@@ -140,7 +140,8 @@ def decode(target: LanguageModel, context: list[int], *, params: SamplingParams,
                                      [masked_argmax(rows[i], masks[i]) for i in range(K + 1)])
             else:
                 tail = context[-params.repeat_last_n:] if params.uses_penalty else []
-                p = lambda i: warp(rows[i], params, tail + x[:i], masks[i])  # noqa: E731
+                # p(i): the target's warped row i of this round (called within the round)
+                p = lambda i: warp(rows[i], params, tail + x[:i], masks[i])  # noqa: E731, B023
                 if keyed:
                     n, t = verify_keyed(x, p, lambda d, i: d.sample_keyed(params.seed,
                                                                         len(context) + i))

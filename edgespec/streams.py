@@ -247,7 +247,7 @@ class AsyncStream:
             try:
                 for event in stream:
                     loop.call_soon_threadsafe(queue.put_nowait, event)
-            except BaseException as e:   # handed to the consumer, who raises it
+            except BaseException as e:  # noqa: BLE001 - handed to the consumer, who raises it
                 end = e
             finally:
                 stream.cancel()   # a no-op after the end; frees the Engine if the loop is gone

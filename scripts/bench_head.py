@@ -54,7 +54,8 @@ def main() -> None:
         rh.OneThreadBlas._libs = libs
         eng.close()
     for mode, (tokens, seconds, head_s, drafted) in totals.items():
-        print(f"{mode:7} {tokens / seconds:6.1f} tok/s   head {1000 * head_s / max(drafted, 1):5.2f} "
+        per_token = 1000 * head_s / max(drafted, 1)
+        print(f"{mode:7} {tokens / seconds:6.1f} tok/s   head {per_token:5.2f} "
               f"ms per drafted token   {100 * head_s / seconds:4.1f}% of decoding")
     b, e = totals["blas"], totals["einsum"]
     print(f"blas / einsum: {(b[0] / b[1]) / (e[0] / e[1]):.3f}x tok/s")

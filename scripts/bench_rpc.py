@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from rpc_helpers import Relay, Worker  # noqa: E402
+from rpc_helpers import Relay, Worker
 
 
 def run(delay: float, args) -> dict:

@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from edgespec.registry import model_path  # noqa: E402
+from edgespec.registry import model_path
 
 
 def _real(name: str) -> Path:
@@ -56,8 +56,9 @@ MODEL_FIXTURES = {"smollm2_q4_path", "smollm2_f32_path", "smollm2_f16_path", "sm
 
 
 def pytest_collection_modifyitems(items):
-    """A test that asks for a model file is a `real` test (`pytest -m "not real"` runs the
-    rest in seconds, without the models)."""
+    """A test that asks for a model file is a `real` test: `pytest -m "not real and not slow"`
+    (the quick loop) runs the rest in about a minute, without the models; the `slow` ones
+    without models (the statistical losslessness tests) take ~8 minutes more."""
     for item in items:
         if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.real)

@@ -78,7 +78,7 @@ def test_threads_are_serialised_and_each_output_equals_its_reference(eng, refere
         try:
             start.wait()
             results[prompt] = [gen(eng, prompt).tokens for _ in range(2)]
-        except BaseException as e:   # reported below
+        except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
     threads = [threading.Thread(target=worker, args=(p,)) for p in PROMPTS]

@@ -63,7 +63,8 @@ def test_template_that_refuses_the_conversation_is_reported():
 
 
 @pytest.mark.parametrize("bad,param", [
-    ([], "messages"), ("hi", "messages"), ([{"role": "wizard", "content": "x"}], "messages[0].role"),
+    ([], "messages"), ("hi", "messages"),
+    ([{"role": "wizard", "content": "x"}], "messages[0].role"),
     ([{"role": "user", "content": 3}], "messages[0].content"), ([42], "messages[0]"),
 ])
 def test_invalid_messages(bad, param):

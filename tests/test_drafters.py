@@ -73,7 +73,7 @@ def test_recovers_when_acceptance_rises():
 
 def test_confidence_gate_learns_which_drafts_fail():
     # Drafts are accepted only when the draft is confident: the gate must learn that.
-    accept = lambda r, c: 0.99 if c > 0.3 else 0.1
+    accept = lambda r, c: 0.99 if c > 0.3 else 0.1  # noqa: E731
     rate, ks = simulate(GEMMA, accept)
     pol = simulate.policy
     assert pol._acceptance_at(0.15) < 0.5 and pol._acceptance_at(0.9) > 0.9

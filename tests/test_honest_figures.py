@@ -132,7 +132,7 @@ def test_chat_with_a_draft_that_cannot_pay_says_so_and_shows_no_speedup(tmp_path
             tmux.type(question)
             tmux.press("Enter")
             screen = tmux.wait_for("the answer's status line",
-                                   lambda s: status_of(after(s, question)) is not None)
+                                   lambda s, q=question: status_of(after(s, q)) is not None)
             status = status_of(after(screen, question))
             assert NOT_PAYING in status, status
             assert "×" not in status, status

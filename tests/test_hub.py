@@ -17,7 +17,8 @@ import pytest
 from hubserver import FakeHub
 
 from edgespec.registry import downloads, hub
-from edgespec.registry.downloads import ChecksumMismatchError, DownloadError, NotEnoughDiskSpaceError
+from edgespec.registry.downloads import (ChecksumMismatchError, DownloadError,
+                                         NotEnoughDiskSpaceError)
 from edgespec.errors import ModelNotFoundError
 
 REPO = "test-org/tiny-GGUF"

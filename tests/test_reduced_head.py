@@ -104,11 +104,13 @@ def test_reduced_head_covers_common_tokens_and_learns_the_context(twins):
     assert rare, "expected words outside the 4096 lowest ids"
     tapped.eval(tapped.tokenize("Hello"), 1)
     hidden = tapped.eval_hidden(tapped.tokenize(" there", add_special=False))
-    row = head.logits(hidden)
+    head.subset_logits(hidden)
+    row = head.last_row()
     assert np.isneginf(row[rare]).all()
     assert np.isneginf(row).sum() == tapped.n_vocab - head.size
     head.include(rare)
-    row2 = head.logits(hidden)
+    head.subset_logits(hidden)
+    row2 = head.last_row()
     full = np.einsum("ij,j->i", tapped.output_rows(rare), hidden)
     np.testing.assert_allclose(row2[rare], full, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(row2[head.ids], row[head.ids])
@@ -142,7 +144,8 @@ def test_reduced_head_follows_one_conversation_at_a_time(twins):
     assert head.size == base + len({t for t in other if t not in set(head.ids)})
     assert all(head._member[t] for t in head.ids)          # the base rows stay
     hidden = tapped.eval_hidden(other)
-    row = head.logits(hidden)
+    head.subset_logits(hidden)
+    row = head.last_row()
     assert np.isfinite(row).sum() == head.size and np.isneginf(row[list(gone)]).all()
     head.follow(other[:2])                                  # shorter: a new conversation
     assert head.size == base + len({t for t in other[:2] if t not in set(head.ids)})

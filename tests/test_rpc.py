@@ -32,8 +32,9 @@ from rpc_helpers import Worker, free_port
 from test_lossless_stats import noise_bound, tv
 
 # CI (EDGESPEC_TEST_ALL=1) builds llama.cpp with RPC: there a build without it fails the tests.
-pytestmark = pytest.mark.skipif(not rpc.available()
-                                and os.environ.get("EDGESPEC_TEST_ALL") != "1", reason="llama.cpp built without RPC (scripts/test.sh builds it)")
+pytestmark = pytest.mark.skipif(
+    not rpc.available() and os.environ.get("EDGESPEC_TEST_ALL") != "1",
+    reason="llama.cpp built without RPC (scripts/test.sh builds it)")
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    "]
 

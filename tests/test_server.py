@@ -351,7 +351,7 @@ def test_concurrent_clients_queue_and_health_stays_responsive(client, model, ser
         try:
             together[p] = client.completions.create(model=model, prompt=p, max_tokens=16,
                                                     temperature=0).choices[0].text
-        except Exception as e:    # reported below
+        except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
     threads = [threading.Thread(target=ask, args=(p,)) for p in prompts]

@@ -152,8 +152,11 @@ def test_history_persists_in_a_file_and_ctrl_r_searches_it(chat, engine, tmp_pat
               history=history)
     assert "/set temperature 0.3" in history.read_text()
     again = Chat(engine)           # a new chat, the same history file
-    loaded = lambda prompt: len(prompt.history.get_strings()) == 2   # read in the background
-    searching = lambda prompt: prompt.app.current_buffer.text == "temper"  # the search field
+    def loaded(prompt):            # the history is read in the background
+        return len(prompt.history.get_strings()) == 2
+
+    def searching(prompt):         # the search field
+        return prompt.app.current_buffer.text == "temper"
     again.keys(loaded, CTRL_R + "temper", searching, ENTER,   # Enter takes the match ...
                buffer_is("/set temperature 0.3"), ENTER,      # ... and Enter sends it
                CTRL_D, history=history)

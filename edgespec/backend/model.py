@@ -308,5 +308,5 @@ class LlamaModel(HasVocabulary):
     def __del__(self):  # pragma: no cover - best effort at interpreter exit
         try:
             self.close()
-        except Exception:
+        except Exception:  # noqa: BLE001 - best effort at interpreter exit
             pass

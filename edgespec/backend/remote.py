@@ -275,7 +275,7 @@ class RemoteModel(HasVocabulary):
     def __del__(self):  # pragma: no cover - best effort at interpreter exit
         try:
             self.close()
-        except Exception:
+        except Exception:  # noqa: BLE001 - best effort at interpreter exit
             pass
 
 
@@ -344,7 +344,8 @@ def _child(fd_in: int, fd_out: int, fd_logits: int) -> None:  # pragma: no cover
             if op == "load":
                 config, n_out = args
                 model = LlamaModel(config, devices=model_devices(config.rpc))
-                model.on_step = lambda n, rows, s: steps.append((n, rows, s)) or model.n_threads
+                model.on_step = (lambda n, rows, s, m=model:
+                                 steps.append((n, rows, s)) or m.n_threads)
                 size = n_out * model.n_vocab * 4
                 logits = np.frombuffer(mmap.mmap(fd_logits, size), dtype=np.float32).reshape(
                     n_out, model.n_vocab)

