@@ -15,11 +15,11 @@ from typing import Optional
 
 from . import config
 from .bench.command import build_bench_parser, build_calibrate_parser
-from .registry.command import build_models_parsers
+from .model_commands import build_models_parsers
 from .server.command import build_serve_parser
 from .shell import (DRAFT_COLOR, EXIT_USER_ERROR, RESET, LogLines, Parser,
-                    add_constraint_args, add_model_args, add_sampling_args, constraint_from_args, error_boundary,
-                    load_engine, sampling_from_args, status)
+                    add_constraint_args, add_model_args, add_sampling_args, constraint_from_args,
+                    error_boundary, load_engine, sampling_from_args, status)
 from .tui.command import build_chat_parser
 from .worker import build_worker_parser
 

@@ -1,7 +1,8 @@
 """``edgespec pairs | pull | rm | pair derive``: the registry and the model files on this machine.
 
-A shell over :mod:`.pairs` (and, through it, :mod:`.hub`): parse, call, print. Results go to
-stdout (one ``name: path`` line per model), progress and notes to stderr.
+A shell over :mod:`.registry.pairs` (and, through it, :mod:`.registry.hub`): parse, call,
+print. It lives beside the other shells, not in the registry package, which core code uses.
+Results go to stdout (one ``name: path`` line per model), progress and notes to stderr.
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from ..errors import EdgespecError
-from ..shell import status as _status
+from .errors import EdgespecError
+from .shell import status as _status
 
 
 def _is_hub_spec(name: str) -> bool:
@@ -19,7 +20,7 @@ def _is_hub_spec(name: str) -> bool:
 
 
 def _size(n: Optional[float], approx: bool = False) -> str:
-    from .downloads import human_size
+    from .registry.downloads import human_size
     if n is None:
         return "?"
     return ("~" if approx else "") + human_size(n)
@@ -31,7 +32,7 @@ def _size(n: Optional[float], approx: bool = False) -> str:
 
 def _model_row(entry) -> tuple[str, str, str]:
     """(state, size, where) of one registry model, without touching the network."""
-    from . import pairs
+    from .registry import pairs
     if pairs.is_present(entry.name):
         p = pairs.model_path(entry.name)
         return "downloaded", _size(p.stat().st_size), str(p)
@@ -43,7 +44,7 @@ def _model_row(entry) -> tuple[str, str, str]:
 
 
 def cmd_pairs(args) -> int:
-    from .pairs import registry
+    from .registry.pairs import registry
     reg = registry()
     for p in reg.pairs.values():
         rows = {role: _model_row(reg.models[m]) for role, m in
@@ -57,6 +58,8 @@ def cmd_pairs(args) -> int:
             print(f"    {role:6} {m:34} {size:>9}  {st:10}  {where}")
         if args.verbose:
             print(f"    why: {p.why}")
+            licences = dict.fromkeys(reg.models[m].license for m in (p.target, p.draft))
+            print(f"    licence: {', '.join(licences)}")
     own = _unlisted_files()
     if own:
         print(f"{'your models':20} {'':18} files in {own[0].parent} (e.g. made by "
@@ -65,7 +68,7 @@ def cmd_pairs(args) -> int:
             print(f"    {p.name:41} {_size(p.stat().st_size):>9}")
     print("\n`edgespec pull NAME` downloads a pair; `edgespec rm NAME` frees its space (a "
           "file of your own: `edgespec rm FILE.gguf`); `-v` says why each draft suits its "
-          "target.", file=sys.stderr)
+          "target, and the models' licences.", file=sys.stderr)
     return 0
 
 
@@ -74,11 +77,11 @@ def cmd_pairs(args) -> int:
 
 
 def cmd_pull(args) -> int:
-    from . import pairs
+    from .registry import pairs
     show = sys.stderr.isatty()
     for name in args.names:
         if _is_hub_spec(name):
-            from .hub import HubFile, download, stop_log_propagation
+            from .registry.hub import HubFile, download, stop_log_propagation
             stop_log_propagation()
             path = download(HubFile.parse(name, args.revision), require_commit=args.pinned,
                             show_progress=show, log=_status)
@@ -90,7 +93,7 @@ def cmd_pull(args) -> int:
         reg = pairs.registry()
         models = reg.models_of(name)
         if any(m.kind == "hub" for m in models):
-            from .hub import stop_log_propagation
+            from .registry.hub import stop_log_propagation
             stop_log_propagation()
         if name in reg.pairs and not args.no_check:
             target, draft = pairs.pull_pair(name, show_progress=show, log=_status,
@@ -112,15 +115,15 @@ def cmd_pull(args) -> int:
 
 
 def cmd_rm(args) -> int:
-    from .. import paths
-    from . import pairs
-    from .downloads import human_size
+    from . import paths
+    from .registry import pairs
+    from .registry.downloads import human_size
     for name in args.names:
         if Path(name).expanduser().is_file() and _own_file(name) is None:
             raise EdgespecError(f"{name} is not in the models folder ({paths.models_dir()}): "
                                 "edgespec removes only the files it keeps there")
         if _is_hub_spec(name) and _own_file(name) is None:
-            from .hub import HubFile, remove
+            from .registry.hub import HubFile, remove
             freed = remove(HubFile.parse(name))
             _status(f"{name}: " + (f"removed, {human_size(freed)} freed" if freed
                                   else "not downloaded"))
@@ -144,7 +147,7 @@ def cmd_rm(args) -> int:
 def _own_file(name: str) -> Optional[Path]:
     """The GGUF file in the models folder that ``name`` names (its file name, with or without
     ``.gguf``, or its path), or None: files elsewhere are the user's own, never removed."""
-    from .. import paths
+    from . import paths
     folder = paths.models_dir().expanduser().resolve()
     for p in (Path(name).expanduser(), folder / name, folder / f"{name}.gguf"):
         if p.suffix == ".gguf" and p.is_file() and p.resolve().parent == folder:
@@ -155,8 +158,8 @@ def _own_file(name: str) -> Optional[Path]:
 def _unlisted_files() -> list[Path]:
     """GGUF files in the models folder that no registry entry names: drafts made by
     `edgespec pair derive`, and anything put there by hand."""
-    from .. import paths
-    from .pairs import registry
+    from . import paths
+    from .registry.pairs import registry
     known = {m.file for m in registry().models.values()}
     folder = paths.models_dir()
     return sorted(p for p in folder.glob("*.gguf") if p.name not in known) \
@@ -168,8 +171,8 @@ def _unlisted_files() -> list[Path]:
 
 
 def cmd_pair_derive(args) -> int:
-    from .downloads import human_size
-    from .pairs import derive_draft
+    from .registry.downloads import human_size
+    from .registry.pairs import derive_draft
     target = Path(args.target)
     draft = derive_draft(target, args.quant, args.out, force=args.force, log=_status)
     ratio = draft.stat().st_size / target.stat().st_size

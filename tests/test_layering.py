@@ -77,6 +77,21 @@ def test_shells_import_shell_never_cli():
     assert users == {"__main__.py"}
 
 
+# The command-line shells: the only modules that may import `shell` (what the shells share).
+SHELLS = ("cli.py", "worker.py", "model_commands.py", "bench/command.py", "server/command.py",
+          "tui/")
+
+
+def test_core_modules_never_import_the_shells():
+    users = {p.relative_to(PKG).as_posix() for p in MODULES.values()
+             if any(m == "edgespec.shell" or m == "edgespec" and name == "shell"
+                    for m, name in imports_of(p))}
+    assert "model_commands.py" in users and "cli.py" in users     # not vacuous
+    outside = {u for u in users if not any(u == s or s.endswith("/") and u.startswith(s)
+                                           for s in SHELLS)}
+    assert not outside, f"core modules import edgespec.shell: {sorted(outside)}"
+
+
 def edges() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {m: set() for m in MODULES}
     for name, path in MODULES.items():
