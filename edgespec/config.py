@@ -10,11 +10,36 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from pathlib import Path
 
 from .errors import InvalidParameterError
 
-DRAFTERS = ("model", "ngram", "hybrid", "none")
+class DrafterKind(str, Enum):
+    """Where drafts come from (``SpecConfig.drafter``); compares equal to its name."""
+
+    MODEL = "model"         # the draft model
+    NGRAM = "ngram"         # prompt lookup: continuations of n-grams found in the context
+    HYBRID = "hybrid"       # a long n-gram match when there is one, else the draft model
+    NONE = "none"           # plain target decoding
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    @property
+    def drafts(self) -> bool:
+        return self is not DrafterKind.NONE
+
+    @property
+    def uses_draft_model(self) -> bool:
+        """Drafts come (at least partly) from a draft model, which must be loaded."""
+        return self in (DrafterKind.MODEL, DrafterKind.HYBRID)
+
+
+DRAFTERS = tuple(k.value for k in DrafterKind)
 
 N_CTX = 4096              # context window of each model, in tokens
 N_BATCH = 512             # most tokens per llama.cpp call
@@ -115,7 +140,7 @@ class SpecConfig:
     FIXED_DEFAULT = 16        # K when adaptive=False and draft_max is not given
     K_LIMIT = 256             # the longest draft one may ask for
 
-    drafter: str = "model"
+    drafter: DrafterKind = DrafterKind.MODEL
     draft_max: int | None = None
     adaptive: bool = True
     p_min: float = 0.0
@@ -124,6 +149,7 @@ class SpecConfig:
     def __post_init__(self) -> None:
         if self.drafter not in DRAFTERS:
             raise InvalidParameterError("drafter", self.drafter, "one of " + ", ".join(DRAFTERS))
+        object.__setattr__(self, "drafter", DrafterKind(self.drafter))
         lim = self.K_LIMIT
         if self.draft_max is not None:
             _check_int("draft_max", self.draft_max, 0, lim, valid=f"an integer in [0, {lim}]")
@@ -131,10 +157,20 @@ class SpecConfig:
         _check_int("k_max", self.k_max, 1, lim, valid=f"an integer in [1, {lim}]")
 
     @staticmethod
-    def default_drafter(has_draft_model: bool) -> str:
+    def default_drafter(has_draft_model: bool) -> DrafterKind:
         """``hybrid`` with a draft model (n-gram matches from the context are free drafts, the
         model drafts the rest: the fastest on every pair measured), else ``none``."""
-        return "hybrid" if has_draft_model else "none"
+        return DrafterKind.HYBRID if has_draft_model else DrafterKind.NONE
+
+    @property
+    def drafts(self) -> bool:
+        """Anything drafts (not plain decoding)."""
+        return self.drafter.drafts
+
+    @property
+    def uses_draft_model(self) -> bool:
+        """A draft model makes (some of) the drafts: it must be loaded and kept in step."""
+        return self.drafter.uses_draft_model
 
     @property
     def is_adaptive(self) -> bool:

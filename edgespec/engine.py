@@ -26,15 +26,17 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from . import config
-from .backend import (GrammarVocab, LlamaModel, backend_info, check_compatible, open_model,
-                      placement, release_free_heap, rpc_endpoints)
+from .backend import (GrammarVocab, backend_info, open_pair, placement, release_free_heap,
+                      rpc_endpoints)
 from .chat_template import ChatTemplate, validate_messages
 from .config import ModelConfig, SamplingParams, SpecConfig, default_threads
 from .constraints import Constraint, GrammarState, tokenizer_for
-from .drafting import HEAD_MIN_VOCAB, Drafter, Drafters, ReducedHead
+from .drafting import HEAD_MIN_VOCAB, Drafter, EngineDrafting, ReducedHead
 from .errors import ContextOverflowError, EngineClosedError, InvalidParameterError
-from .generation import run_generation
-from .results import Generation, GenerationStats
+from .generation import not_started, run_generation
+from .lm import LoadedModel
+from .request import Request, Speculation, check_limits
+from .results import Generation
 from .streams import AsyncStream, Job, Stream, Turnstile
 from .threads import govern
 from .tools import plan_request
@@ -51,22 +53,24 @@ class Engine:
     a draft output layer to share with another Engine on the same draft model).
     """
 
-    def __init__(self, target: LlamaModel, draft: Optional[LlamaModel], spec: SpecConfig, *,
+    def __init__(self, target: LoadedModel, draft: Optional[LoadedModel], spec: SpecConfig, *,
                  draft_head: Optional[ReducedHead] = None, adaptive_threads: bool = False,
                  recalibrate: bool = False, progress: Callable[[str], None] = lambda s: None):
         self.target = target
         self.draft = draft
-        special = lambda t: target.token_text(t).decode("utf-8", "replace") if t >= 0 else ""
+
+        def special(t: int) -> str:
+            return target.token_text(t).decode("utf-8", "replace") if t >= 0 else ""
         self.template = ChatTemplate(target.info.chat_template,
                                      bos_token=special(target.vocab.bos),
                                      eos_token=special(target.vocab.eos))
         # A draft with a large vocabulary, run on the CPU, skips llama.cpp's output layer and
         # applies a reduced one (drafting/reduced_head.py).
         if draft_head is None and draft is not None and draft.can_tap \
-                and draft.n_vocab >= HEAD_MIN_VOCAB and spec.drafter in ("model", "hybrid"):
+                and draft.n_vocab >= HEAD_MIN_VOCAB and spec.uses_draft_model:
             draft_head = ReducedHead(draft)
         self.draft_head = draft_head
-        self._drafting = Drafters(spec, target, draft, draft_head, recalibrate=recalibrate,
+        self._drafting = EngineDrafting(spec, target, draft, draft_head, recalibrate=recalibrate,
                                   progress=progress)
         # Threads that follow the machine's load (edgespec/threads.py), one governor a model;
         # none when the caller pinned a count.
@@ -121,35 +125,26 @@ class Engine:
         if drafter is None:
             drafter = SpecConfig.default_drafter(draft is not None)
         spec = SpecConfig(drafter=drafter, draft_max=draft_max, adaptive=adaptive, p_min=p_min)
-        if drafter in ("model", "hybrid") and draft is None:
+        if spec.uses_draft_model and draft is None:
             raise InvalidParameterError("drafter", drafter, "'ngram' or 'none' when no draft "
                                         "model is given (or pass draft=PATH)")
-        threads = n_threads or default_threads()
-        n_out = max(config.N_OUTPUTS_MIN, spec.most_drafts + 1)
-        progress(f"loading the target {Path(target).name}…")
         rpc, draft_rpc = rpc_endpoints(rpc, draft_rpc)
-        t_model = open_model(ModelConfig(target, n_ctx=n_ctx, n_batch=n_batch, n_threads=threads,
-                                         n_gpu_layers=n_gpu_layers, n_outputs_max=n_out,
-                                         verbose=verbose, rpc=rpc,
-                                         cpu_extra_buffers=cpu_extra_buffers))
-        d_model = None
+        common = dict(n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads or default_threads(),
+                      verbose=verbose, cpu_extra_buffers=cpu_extra_buffers)
+        t_cfg = ModelConfig(target, n_gpu_layers=n_gpu_layers, rpc=rpc, **common,
+                            n_outputs_max=max(config.N_OUTPUTS_MIN, spec.most_drafts + 1))
+        d_cfg = (ModelConfig(draft, n_gpu_layers=draft_n_gpu_layers, rpc=draft_rpc,
+                             n_outputs_max=1, **common)
+                 if draft is not None and spec.uses_draft_model else None)
+        t_model, d_model = open_pair(t_cfg, d_cfg, draft_tap_min_vocab=HEAD_MIN_VOCAB,
+                                     progress=progress)
         try:
-            if draft is not None and drafter in ("model", "hybrid"):
-                progress(f"loading the draft {Path(draft).name}…")
-                d_model = open_model(ModelConfig(draft, n_ctx=n_ctx, n_batch=n_batch,
-                                                 n_threads=threads,
-                                                 n_gpu_layers=draft_n_gpu_layers,
-                                                 n_outputs_max=1, verbose=verbose,
-                                                 rpc=draft_rpc,
-                                                 cpu_extra_buffers=cpu_extra_buffers),
-                                     tap_min_vocab=HEAD_MIN_VOCAB)
-                check_compatible(t_model, d_model)
             return cls(t_model, d_model, spec, adaptive_threads=n_threads is None,
                        recalibrate=recalibrate, progress=progress)
         except BaseException:
-            if d_model is not None:
-                d_model.close()
-            t_model.close()
+            for m in (d_model, t_model):
+                if m is not None:
+                    m.close()
             raise
 
     @property
@@ -210,7 +205,7 @@ class Engine:
     @property
     def can_speculate(self) -> bool:
         """Whether this Engine has a drafter (a draft model, or n-gram lookup)."""
-        return self.spec.drafter != "none"
+        return self.spec.drafts
 
     @property
     def n_ctx(self) -> int:
@@ -288,7 +283,8 @@ class Engine:
 
         ``tools``: functions the model may call (OpenAI's shape, or :class:`~edgespec.tools.
         Tool`); ``tool_choice``: ``"auto"`` (default), ``"none"``, ``"required"`` or a tool's
-        name; ``parallel_tool_calls=True``: several calls in one answer (off by default). With tools the events carry the raw output; the result's ``text`` and
+        name; ``parallel_tool_calls=True``: several calls in one answer (off by default).
+        With tools the events carry the raw output; the result's ``text`` and
         ``tool_calls`` are what it means. ``logprobs``: give ``Generation.logprobs``, with
         this many alternatives per token (0: the chosen token's only).
 
@@ -296,15 +292,7 @@ class Engine:
         the generation waits for its turn when the stream is first advanced. See
         :class:`~edgespec.streams.Stream` for cancelling and closing it.
         """
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-            raise InvalidParameterError("max_tokens", max_tokens, "an integer >= 1")
-        if isinstance(stop, str):
-            stop = [stop]
-        if any(not isinstance(s, str) or not s for s in stop):
-            raise InvalidParameterError("stop", list(stop), "a list of non-empty strings")
-        if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool)
-                                     or not 0 <= logprobs <= 20):
-            raise InvalidParameterError("logprobs", logprobs, "None or an integer in [0, 20]")
+        stop = check_limits(max_tokens, stop, logprobs)
         sampling = sampling if sampling is not None else SamplingParams()
         self._check_open()
         plan = plan_request(prompt, tools, tool_choice, parallel=parallel_tool_calls,
@@ -320,16 +308,19 @@ class Engine:
             tokens = self.prompt_tokens(prompt, raw=raw)
         if len(tokens) >= self.n_ctx:
             raise ContextOverflowError(len(tokens), self.n_ctx)
-        grammar = self._grammar(constraint)
-        speculative = speculative and self.can_speculate
-        job = Job(self._turnstile, Generation("", [], "cancelled", GenerationStats(
-            prompt_tokens=len(tokens), speculative=speculative)))
-        return Stream(job, run_generation(
-            job, self._turnstile, self.target, self.draft if speculative else None,
-            self.draft_head if speculative else None, lambda: self._drafter(sampling), tokens,
-            max_tokens=max_tokens, sampling=sampling, stop=list(stop),
-            speculative=speculative, grammar=grammar, logprobs=logprobs,
-            finish=plan and plan.finish, plain_cost=self._drafting.plain_pass_seconds))
+        req = Request(tokens, max_tokens, sampling, stop=stop,
+                      grammar=self._grammar(constraint), logprobs=logprobs,
+                      finish=plan.finish if plan is not None else None,
+                      speculation=self._speculation(sampling) if speculative else None)
+        job = Job(self._turnstile, not_started(req))
+        return Stream(job, run_generation(job, self._turnstile, self.target, req))
+
+    def _speculation(self, sampling: SamplingParams) -> Optional[Speculation]:
+        """How a generation with ``sampling`` drafts on this Engine; None: it cannot."""
+        if not self.can_speculate:
+            return None
+        return Speculation(drafter=lambda: self._drafter(sampling), draft=self.draft,
+                           head=self.draft_head, plain_cost=self._drafting.plain_pass_seconds)
 
     def _grammar(self, constraint: Optional[Constraint]) -> Optional[GrammarState]:
         """A constraint's state over the target's vocabulary, for one generation (the grammar

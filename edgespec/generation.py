@@ -1,30 +1,26 @@
 """One generation: wait for the turn, prefill both caches, decode, assemble text, and fill in
 the result whichever way it ends.
 
-:class:`~edgespec.engine.Engine.stream` checks the arguments and tokenizes the prompt, then
-hands :func:`run_generation` to a :class:`~edgespec.streams.Stream`; this generator is
-everything that happens once the stream is advanced.
+:meth:`edgespec.engine.Engine.stream` checks the arguments, tokenizes the prompt and builds a
+:class:`~edgespec.request.Request`, then hands :func:`run_generation` to a
+:class:`~edgespec.streams.Stream`; this generator is everything that happens once the stream
+is advanced.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Iterator, Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
-from .config import SamplingParams
-from .drafting import Drafter, ReducedHead
-from .lm import LanguageModel
+from .lm import LanguageModel, LoadedModel
+from .request import Request
 from .results import Generation, GenerationStats, StreamEvent, TokenLogprob
 from .speculative import LoopStats, decode
 from .streams import Job, Turnstile
 from .textstream import TextAssembler
-
-if TYPE_CHECKING:
-    from .backend import LlamaModel
-    from .constraints import GrammarState
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -51,115 +47,144 @@ def prefill(model: LanguageModel, prompt: list[int], cancelled: threading.Event)
     return len(model.tokens) - keep + 1
 
 
-def run_generation(job: Job, turnstile: Turnstile, target: "LlamaModel",
-                   draft: Optional["LlamaModel"], draft_head: Optional[ReducedHead],
-                   get_drafter: Callable[[], Optional[Drafter]], prompt: list[int], *,
-                   max_tokens: int, sampling: SamplingParams, stop: list[str],
-                   speculative: bool, grammar: Optional["GrammarState"] = None,
-                   logprobs: Optional[int] = None,
-                   finish: Optional[Callable[[Generation], Generation]] = None,
-                   plain_cost: Callable[[], Optional[float]] = lambda: None
-                   ) -> Iterator[StreamEvent]:
-    """The generation behind a Stream: waits for its turn, then prefill → decode → text.
+def new_stats(req: Request) -> GenerationStats:
+    """The statistics of ``req`` before anything ran (a result that never started has these)."""
+    return GenerationStats(prompt_tokens=len(req.prompt), speculative=req.speculative,
+                           loop=LoopStats())
 
-    ``draft``: the draft model to prefill (None without one, or for plain decoding);
-    ``get_drafter`` is asked once the turn is taken (it may calibrate). ``grammar``: the
-    output's constraint, at the start of the output. ``logprobs``: record each token's log
-    probability and this many alternatives. ``finish`` turns the result into its final form
-    (tool calls read from the output). ``plain_cost``: the cost model's seconds for a plain
-    target pass (None: no cost model), the speed-up's reference when no round was plain.
+
+def not_started(req: Request) -> Generation:
+    """The result of a generation cancelled (or whose Engine closed) before its turn came."""
+    return Generation("", [], "cancelled", new_stats(req))
+
+
+def run_generation(job: Job, turnstile: Turnstile, target: LoadedModel,
+                   req: Request) -> Iterator[StreamEvent]:
+    """The generation behind a Stream: waits for its turn, then prefill → decode → result.
+
     Holds the turn until it ends; whichever way it ends (last token, cancel, close, an error)
-    its ``finally`` trims the caches to what was generated and hands the turn on.
+    the loop's own ``finally`` trims the caches to what was generated, the statistics are
+    finished, and the turn is handed on. A stop string's held-back text comes last, after
+    the turn is handed on.
     """
     if not turnstile.enter(job):      # cancelled, or the Engine closed, while queued
         job.result = job.cancelled_result
         return
-    cancelled = job.cancelled
-    tail, ended = "", False
+    run = _Run(target, req, job.cancelled)
     try:
-        drafter = get_drafter() if speculative else None
-        stats = GenerationStats(prompt_tokens=len(prompt), speculative=speculative,
-                                loop=LoopStats())
-        models = [target] + ([draft] if draft is not None else [])
-        out_tokens: list[int] = []
-        token_logprobs: list[TokenLogprob] = []
-        text: list[str] = []
-        finish_reason = "length"
-        t0 = time.perf_counter()
-        stats.prompt_tokens_evaluated = prefill(target, prompt, cancelled)
-        if draft is not None:
-            prefill(draft, prompt, cancelled)
-        t1 = time.perf_counter()
-        stats.prompt_seconds = t1 - t0
-        llama0 = sum(m.decode_seconds for m in models)
-        head0 = draft_head.seconds if draft_head is not None else 0.0
-        assembler = TextAssembler(stop)
-        eog = target.vocab.eog
-        steps = (decode(target, list(prompt), params=sampling,
-                        rng=np.random.default_rng(sampling.seed), max_new=max_tokens,
-                        drafter=drafter, stats=stats.loop, should_stop=cancelled.is_set,
-                        constraint=grammar, logprobs=logprobs)
-                 if not cancelled.is_set() else iter(()))
-        try:
-            if cancelled.is_set():  # cancelled during prompt processing
-                finish_reason = "cancelled"
-            else:
-                for step in steps:
-                    if step.token in eog:
-                        finish_reason = "stop"
-                        break
-                    out_tokens.append(step.token)
-                    lp = None
-                    if step.logprob is not None:
-                        lp = TokenLogprob(step.token, *step.logprob)
-                        token_logprobs.append(lp)
-                    piece = assembler.push(target.token_bytes(step.token))
-                    text.append(piece)
-                    yield StreamEvent(piece, step.token, step.from_draft, lp)
-                    if assembler.stopped:
-                        finish_reason = "stop"
-                        break
-                    if cancelled.is_set():
-                        finish_reason = "cancelled"
-                        break
-                else:   # the loop ended by itself: budget or context full, or a cancel
-                    finish_reason = "cancelled" if cancelled.is_set() else "length"
-        except GeneratorExit:   # closed mid-stream: the output is what was yielded
-            finish_reason, ended = "cancelled", True
-            raise
-        except BaseException as e:   # the caller gets the exception, not a result
-            ended = True
-            job.error = e
-            raise
-        finally:
-            if hasattr(steps, "close"):
-                steps.close()
-            stats.decode_seconds = time.perf_counter() - t1
-            stats.llama_seconds = sum(m.decode_seconds for m in models) - llama0
-            stats.head_seconds = (draft_head.seconds - head0
-                                  if draft_head is not None else 0.0)
-            stats.completion_tokens = len(out_tokens)
-            stats.target_threads = target.n_threads
-            stats.draft_threads = draft.n_threads if draft is not None else 0
-            lp = stats.loop
-            if lp.plain_passes >= 4:        # its own plain rounds: the most like-for-like
-                stats.plain_pass_seconds = lp.plain_seconds / lp.plain_passes
-            elif speculative:
-                stats.plain_pass_seconds = plain_cost() or 0.0
-            if grammar is not None:
-                stats.grammar_seconds = grammar.seconds
-            if not ended:
-                tail = assembler.finish()
-                text.append(tail)
-            if job.error is None:
-                result = Generation("".join(text), out_tokens, finish_reason, stats,
-                                    logprobs=token_logprobs if logprobs is not None else None)
-                job.result = finish(result) if finish is not None else result
-    except BaseException as e:
-        if job.error is None and not isinstance(e, GeneratorExit):
-            job.error = e       # failed during prompt processing
+        run.prefill()
+        yield from run.decode()
+        run.finish_text()
+    except GeneratorExit:             # closed mid-stream: the output is what was yielded
+        run.finish_reason = "cancelled"
+        raise
+    except BaseException as e:        # the caller gets the exception, not a result
+        job.error = e
         raise
     finally:
+        run.close()
+        if job.error is None:
+            job.result = run.result()
         turnstile.leave(job)
-    if tail:
-        yield StreamEvent(tail, out_tokens[-1] if out_tokens else -1, False)
+    if run.tail:
+        yield StreamEvent(run.tail, run.tokens[-1] if run.tokens else -1, False)
+
+
+class _Run:
+    """The state of one generation while it holds the turn: its steps, in order, are
+    :meth:`prefill`, :meth:`decode`, :meth:`finish_text`, then always :meth:`close`."""
+
+    def __init__(self, target: LoadedModel, req: Request, cancelled: threading.Event):
+        self.target, self.req, self.cancelled = target, req, cancelled
+        spec = req.speculation
+        self.models: list[LoadedModel] = [target, *(spec.models if spec else ())]
+        self.head = spec.head if spec else None
+        self.stats = new_stats(req)
+        self.tokens: list[int] = []
+        self.logprobs: list[TokenLogprob] = []
+        self.text: list[str] = []
+        self.tail = ""
+        self.finish_reason = "length"
+        self.assembler = TextAssembler(list(req.stop))
+        self.steps = None               # the decoding loop, once it runs
+        self.t_decode: Optional[float] = None
+        self.llama0 = self.head0 = 0.0
+
+    def prefill(self) -> None:
+        """Both caches hold the prompt but its last token (each keeps its common prefix).
+        The drafter is asked for first: building one may calibrate."""
+        spec = self.req.speculation
+        self.drafter = spec.drafter() if spec else None
+        t0 = time.perf_counter()
+        self.stats.prompt_tokens_evaluated = prefill(self.target, self.req.prompt,
+                                                     self.cancelled)
+        for m in self.models[1:]:
+            prefill(m, self.req.prompt, self.cancelled)
+        self.t_decode = time.perf_counter()
+        self.stats.prompt_seconds = self.t_decode - t0
+        self.llama0 = sum(m.decode_seconds for m in self.models)
+        self.head0 = self.head.seconds if self.head is not None else 0.0
+
+    def decode(self) -> Iterator[StreamEvent]:
+        """The loop's tokens as text, until the end of generation, a stop string, the budget,
+        the context's edge or a cancel (``finish_reason`` says which)."""
+        if self.cancelled.is_set():     # during prompt processing
+            self.finish_reason = "cancelled"
+            return
+        req, eog = self.req, self.target.vocab.eog
+        self.steps = decode(self.target, list(req.prompt), params=req.sampling,
+                            rng=np.random.default_rng(req.sampling.seed),
+                            max_new=req.max_tokens, drafter=self.drafter,
+                            stats=self.stats.loop, should_stop=self.cancelled.is_set,
+                            constraint=req.grammar, logprobs=req.logprobs)
+        for step in self.steps:
+            if step.token in eog:
+                self.finish_reason = "stop"
+                return
+            self.tokens.append(step.token)
+            lp = None
+            if step.logprob is not None:
+                lp = TokenLogprob(step.token, *step.logprob)
+                self.logprobs.append(lp)
+            piece = self.assembler.push(self.target.token_bytes(step.token))
+            self.text.append(piece)
+            yield StreamEvent(piece, step.token, step.from_draft, lp)
+            if self.assembler.stopped:
+                self.finish_reason = "stop"
+                return
+            if self.cancelled.is_set():
+                self.finish_reason = "cancelled"
+                return
+        # the loop ended by itself: the budget or the context's edge, or a cancel
+        self.finish_reason = "cancelled" if self.cancelled.is_set() else "length"
+
+    def finish_text(self) -> None:
+        """The text a stop string's check held back, now that no stop string can follow."""
+        self.tail = self.assembler.finish()
+        self.text.append(self.tail)
+
+    def close(self) -> None:
+        """The loop closed (its ``finally`` trims the caches), the statistics finished."""
+        if self.steps is not None:
+            self.steps.close()
+        if self.t_decode is None:       # failed before decoding
+            return
+        s, lp = self.stats, self.stats.loop
+        s.decode_seconds = time.perf_counter() - self.t_decode
+        s.llama_seconds = sum(m.decode_seconds for m in self.models) - self.llama0
+        s.head_seconds = self.head.seconds - self.head0 if self.head is not None else 0.0
+        s.completion_tokens = len(self.tokens)
+        s.target_threads = self.target.n_threads
+        s.draft_threads = self.models[1].n_threads if len(self.models) > 1 else 0
+        if lp.plain_passes >= 4:        # its own plain rounds: the most like-for-like
+            s.plain_pass_seconds = lp.plain_seconds / lp.plain_passes
+        elif self.req.speculation is not None:
+            s.plain_pass_seconds = self.req.speculation.plain_cost() or 0.0
+        if self.req.grammar is not None:
+            s.grammar_seconds = self.req.grammar.seconds
+
+    def result(self) -> Generation:
+        req = self.req
+        out = Generation("".join(self.text), self.tokens, self.finish_reason, self.stats,
+                         logprobs=self.logprobs if req.logprobs is not None else None)
+        return req.finish(out) if req.finish is not None else out

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Protocol, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .config import ModelConfig
 
 _VOCAB_TYPES = {0: "none", 1: "SPM", 2: "BPE", 3: "WPM", 4: "UGM", 5: "RWKV", 6: "PLaMo-2"}
 
@@ -55,6 +58,34 @@ class LanguageModel(Protocol):
 
     def truncate(self, n: int) -> None:
         """Keep only the first ``n`` cache positions."""
+
+
+class LoadedModel(LanguageModel, Protocol):
+    """A model as the Engine's rooms use it (:mod:`edgespec.generation`,
+    :mod:`edgespec.threads`, calibration): a loaded GGUF with its settings, text and timing.
+    :class:`~edgespec.backend.LlamaModel` and :class:`~edgespec.backend.RemoteModel` are."""
+
+    path: Path
+    config: "ModelConfig"
+    n_threads: int            # CPU threads of the next pass
+    decode_seconds: float     # wall time inside llama_decode, cumulative
+    # Told each pass's token count, logits rows and seconds; returns the next thread count
+    # (edgespec.threads owns both hooks; None: no one is told).
+    on_step: Optional[Callable[[int, int, float], int]]
+    before_step: Optional[Callable[[], int]]
+
+    def set_threads(self, n: int) -> None:
+        """Run the next passes on ``n`` CPU threads."""
+
+    def tokenize(self, text: str, add_special: bool = True,
+                 parse_special: bool = True) -> list[int]:
+        """Tokens of ``text``."""
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes ``token`` contributes to the output (control tokens: none)."""
+
+    def token_text(self, token: int) -> bytes:
+        """The raw vocabulary entry of ``token``."""
 
 
 class HiddenStateModel(LanguageModel, Protocol):

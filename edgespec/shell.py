@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import Callable, Iterator, Optional
 
 from . import config
-from .config import DRAFTERS, SamplingParams, SpecConfig
+from .config import DRAFTERS, DrafterKind, SamplingParams, SpecConfig
 from .errors import EdgespecError
 
 EXIT_USER_ERROR = 1
@@ -256,9 +256,10 @@ def load_engine(args, say: Callable[[str], None] = status, **overrides):
     from .engine import Engine
     check_args(args)
     target, draft = resolve_models(args, say)
-    drafter = "none" if getattr(args, "no_spec", False) else args.drafter
+    drafter = DrafterKind.NONE if getattr(args, "no_spec", False) else args.drafter
     progress = Progress() if say is status else say
-    kw = dict(target=target, draft=draft if drafter != "none" else None, drafter=drafter,
+    plain = drafter is not None and not DrafterKind(drafter).drafts
+    kw = dict(target=target, draft=None if plain else draft, drafter=drafter,
               n_ctx=args.ctx_size, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
               draft_n_gpu_layers=args.draft_n_gpu_layers, draft_max=args.draft_max,
               adaptive=not args.no_adaptive, p_min=args.draft_p_min, verbose=args.verbose,

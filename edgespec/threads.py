@@ -27,9 +27,13 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Callable, Optional
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 from .cpuload import QUIET, CpuMeter
+
+if TYPE_CHECKING:
+    from .lm import LoadedModel
 
 # A step this many times slower than the best recent step at the same count is a stall.
 STALL = 1.8
@@ -155,9 +159,9 @@ class ThreadGovernor:
             self._probe_wait = min(2 * self._probe_wait, PROBE_MAX)
 
 
-def govern(target, draft, costs=None, pin: Optional[int] = None,
-           governors: Optional[dict] = None) -> dict:
-    """Give each model (:class:`~edgespec.backend.LlamaModel`; ``draft`` may be None) a
+def govern(target: "LoadedModel", draft: Optional["LoadedModel"], costs=None,
+           pin: Optional[int] = None, governors: Optional[dict] = None) -> dict:
+    """Give each model (``draft`` may be None) a
     governor over the thread count it was loaded with (those in ``governors`` are taken
     back, with what they learned); or, with ``pin``, run both on that many threads and govern
     nothing. ``costs`` (:class:`~edgespec.drafting.Costs`, or None) gives the target's cost
@@ -188,7 +192,7 @@ def govern(target, draft, costs=None, pin: Optional[int] = None,
     return out
 
 
-def _attach(model, gov: ThreadGovernor, shaped: bool, longest: int = 64) -> None:
+def _attach(model: "LoadedModel", gov: ThreadGovernor, shaped: bool, longest: int = 64) -> None:
     """Only steps a governor can compare feed it: one-token steps, and with a cost shape
     verify passes (logits on every row, as calibrated) up to ``longest`` tokens; prompt
     batches, with no logits, cost far less per token and would look like a lost speed."""
@@ -198,3 +202,21 @@ def _attach(model, gov: ThreadGovernor, shaped: bool, longest: int = 64) -> None
         return gov.threads
     model.on_step = on_step
     model.before_step = gov.before
+
+
+@contextmanager
+def governors_suspended(*models: Optional["LoadedModel"]) -> Iterator[None]:
+    """Run ``models`` on every thread they were loaded with, unseen by their governors (a
+    calibration measures the machine itself, and a governor that backed off in a busy spell
+    must not skew it), then hand the governors back their hooks and thread counts. With
+    :func:`govern`, the only code that sets the models' step hooks."""
+    saved = [(m, m.on_step, m.before_step, m.n_threads) for m in models if m is not None]
+    for m, _, _, _ in saved:
+        m.on_step = m.before_step = None
+        m.set_threads(m.config.n_threads)
+    try:
+        yield
+    finally:
+        for m, after, before, n in saved:
+            m.on_step, m.before_step = after, before
+            m.set_threads(n)

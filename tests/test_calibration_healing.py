@@ -10,7 +10,7 @@ import json
 import pytest
 
 from edgespec import Engine, SamplingParams
-from edgespec.drafting import Drafters, costs as costs_module
+from edgespec.drafting import EngineDrafting, costs as costs_module
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPTS = ["Give three tips for learning a new language.",
@@ -54,7 +54,7 @@ def test_a_busy_calibration_is_measured_again_and_the_quiet_one_kept(
         # The machine is quiet now: the next due answer measures again and keeps it.
         monkeypatch.setattr(costs_module, "QUIET", 1e9)
         monkeypatch.setattr(costs_module, "STEADY", 1e9)
-        monkeypatch.setattr(Drafters, "REMEASURE_BUDGET", 1e9)
+        monkeypatch.setattr(EngineDrafting, "REMEASURE_BUDGET", 1e9)
         eng._drafting._remeasure_at = 0.0
         out = eng.generate(PROMPTS[1], max_tokens=24, sampling=GREEDY)
         assert out.text and not costs.busy
@@ -71,12 +71,13 @@ def test_refined_costs_are_kept_and_the_next_process_starts_from_them(
     monkeypatch.setattr(costs_module, "CALIBRATION_BUDGET", 1e9)
     with load(smollm2_f32_path, smollm2_q4_path) as eng:
         costs = eng._drafting.costs
-        # A start as wrong as a calibration taken on a machine ten times slower.
-        costs.adopt(costs_module.Costs({n: 10 * v for n, v in costs.target.items()},
-                                       10 * costs.draft))
+        # A start as wrong as a calibration taken on a machine a thousand times slower (ten
+        # times is within what stalled threads on a crowded machine really measure).
+        costs.adopt(costs_module.Costs({n: 1000 * v for n, v in costs.target.items()},
+                                       1000 * costs.draft))
         poisoned = costs_module.Costs(dict(costs.target), costs.draft)
         i = 0
-        while costs.observed < Drafters.SAVE_AFTER:
+        while costs.observed < EngineDrafting.SAVE_AFTER:
             eng.generate(PROMPTS[i % 2], max_tokens=64, sampling=GREEDY)
             i += 1
             assert i < 20, "the loop never refined the costs"
@@ -86,7 +87,7 @@ def test_refined_costs_are_kept_and_the_next_process_starts_from_them(
     saved = {int(n): v for n, v in entry["target"].items()}
     assert saved == pytest.approx(refined[0]) and entry["draft"] == pytest.approx(refined[1])
     # Every draft step moved the draft's cost, and every target pass its batch size's, toward
-    # what they measure: far below ten times the calibration.
+    # what they measure: far below a thousand times the calibration.
     assert entry["draft"] < poisoned.draft
     assert any(saved[n] < poisoned.target[n] for n in saved if n in poisoned.target)
 
@@ -115,10 +116,10 @@ def test_a_busy_calibration_heals_even_while_the_threads_are_backed_off(
             seen.append((target.n_threads, draft.n_threads))
             return real(target, draft, **kw)
 
-        monkeypatch.setattr("edgespec.drafting.calibrate", watched)
+        monkeypatch.setattr("edgespec.drafting.engine_drafting.calibrate", watched)
         monkeypatch.setattr(costs_module, "QUIET", 1e9)
         monkeypatch.setattr(costs_module, "STEADY", 1e9)
-        monkeypatch.setattr(Drafters, "REMEASURE_BUDGET", 1e9)
+        monkeypatch.setattr(EngineDrafting, "REMEASURE_BUDGET", 1e9)
         assert eng._drafting.remeasure(force=True)
         assert seen == [(eng.target.config.n_threads, eng.draft.config.n_threads)]
         assert (eng.target.n_threads, eng.draft.n_threads) == (1, 1)

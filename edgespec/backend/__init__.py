@@ -8,11 +8,13 @@
 - :mod:`.peer` — llama-cpp-python's high-level API, for benchmarks
 - :mod:`.rpc` — llama.cpp's RPC backend (workers, endpoints, probes), through ctypes
 - :mod:`.remote` — a model whose layers are on RPC workers, run in a child process
-- :mod:`.preflight` — a child process checks that llama.cpp's extra CPU kernels (AMX, repacked
-  weights) do not kill the process on this CPU, before a model uses them
+- :mod:`.pair` — a target and its draft opened as one step (the pair check included)
+- :mod:`.preflight` — a child process (:mod:`.probe`) checks that llama.cpp's extra CPU
+  kernels (AMX, repacked weights) do not kill the process on this CPU, before a model uses them
 """
 
 from .model import LlamaModel
+from .pair import open_pair
 from .preflight import info as cpu_check_info
 from .quantize import FTYPES, check_ftype, quantize
 from .remote import RemoteModel, open_model, placement, rpc_endpoints
@@ -20,5 +22,6 @@ from .runtime import LLAMA_CPP_VERSION, backend_info, release_free_heap
 from .vocab import GrammarVocab, VocabOnly, check_compatible, check_compatible_files
 
 __all__ = ["LlamaModel", "FTYPES", "check_ftype", "quantize", "LLAMA_CPP_VERSION",
-           "backend_info", "cpu_check_info", "release_free_heap", "GrammarVocab", "VocabOnly", "check_compatible",
-           "check_compatible_files", "RemoteModel", "open_model", "placement", "rpc_endpoints"]
+           "backend_info", "cpu_check_info", "release_free_heap", "GrammarVocab", "VocabOnly",
+           "check_compatible", "check_compatible_files", "RemoteModel", "open_model", "placement",
+           "rpc_endpoints", "open_pair"]

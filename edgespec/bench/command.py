@@ -94,7 +94,7 @@ def cmd_calibrate(args) -> int:
     from ..drafting import CostCache, calibrate
     # Loaded with a pinned draft length: nothing is measured while loading.
     with load_engine(args, adaptive=False, recalibrate=False) as eng:
-        draft = eng.draft if eng.spec.drafter not in ("ngram", "none") else None
+        draft = eng.draft if eng.spec.uses_draft_model else None
         progress = Progress()
         cal = calibrate(eng.target, draft, head=eng.draft_head, progress=progress)
         progress.done()

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from ..config import SamplingParams, SpecConfig
+from ..config import DrafterKind, SamplingParams, SpecConfig
 
 PEER_PLAIN = "llama-cpp-python"
 PEER_LOOKUP = "llama-cpp-python+lookup"
@@ -198,7 +198,7 @@ def run_bench(engine, prompts: list[str], *, max_tokens: int, sampling: Sampling
             row["grammar_share"] = t.grammar_seconds / t.seconds if t.seconds else 0
             row["valid_outputs"] = f"{t.valid}/{t.outputs}"
         if c.spec is not None:
-            draft_cost = (costs.draft if c.spec.drafter == "model" else
+            draft_cost = (costs.draft if c.spec.drafter is DrafterKind.MODEL else
                           t.draft_seconds / t.drafted if t.drafted else 0.0)
             row.update({
                 "acceptance_rate": t.accepted / t.drafted if t.drafted else 0.0,

@@ -5,166 +5,21 @@
 - :mod:`.costs` — what drafting and verifying cost: :class:`Costs`, calibration, its cache
 - :mod:`.model`, :mod:`.ngram`, :mod:`.hybrid` — the three drafters
 - :mod:`.reduced_head` — the draft model's output layer over a subset of the vocabulary
+- :mod:`.engine_drafting` — :func:`make_drafter`, and :class:`EngineDrafting`: an Engine's
+  drafters (one per kind of sampling) and the costs they share (calibration, re-measuring)
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import replace
-from typing import Callable, Optional
-
-from ..config import SamplingParams, SpecConfig
-from ..errors import InvalidParameterError
-from ..lm import LanguageModel
 from .base import Draft, Drafter
 from .costs import CostCache, Costs, calibrate, calibrate_cached
+from .engine_drafting import EngineDrafting, make_drafter
 from .hybrid import HybridDrafter
 from .model import ModelDrafter
 from .ngram import NgramDrafter
 from .policy import AdaptiveLength, FixedLength, LengthPolicy
 from .reduced_head import HEAD_MIN_VOCAB, ReducedHead
 
-__all__ = ["Draft", "Drafter", "CostCache", "Costs", "calibrate", "calibrate_cached", "HybridDrafter",
-           "ModelDrafter", "NgramDrafter", "AdaptiveLength", "FixedLength", "LengthPolicy",
-           "HEAD_MIN_VOCAB", "ReducedHead", "make_drafter", "Drafters"]
-
-
-def make_drafter(spec: SpecConfig, *, costs: Optional[Costs], k_max: int,
-                 draft_model: Optional[LanguageModel] = None, eog: frozenset[int] = frozenset(),
-                 head: Optional[ReducedHead] = None) -> Optional[Drafter]:
-    """The drafter ``spec`` names, each source with its own length policy: the cost model over
-    ``costs`` (drafts of at most ``k_max``), or the spec's fixed K when it pins one. ``costs``
-    may be None only for a fixed K. None for ``drafter="none"``."""
-    fixed = not spec.is_adaptive
-
-    def policy(c: Optional[Costs]) -> LengthPolicy:
-        return FixedLength(spec.fixed_k, spec.p_min) if fixed else AdaptiveLength(c, k_max=k_max)
-
-    def model_drafter() -> ModelDrafter:
-        assert draft_model is not None, f"the {spec.drafter} drafter needs a draft model"
-        return ModelDrafter(draft_model, eog, policy(costs), head)
-
-    if spec.drafter == "model":
-        return model_drafter()
-    if spec.drafter == "ngram":         # (costs were measured with free drafts)
-        return NgramDrafter(policy(costs))
-    if spec.drafter == "hybrid":
-        return HybridDrafter(model_drafter(),
-                             NgramDrafter(policy(costs.free() if costs is not None else None)))
-    return None
-
-
-class Drafters:
-    """An Engine's drafters, one per kind of sampling, built on first use. Acceptance differs
-    between greedy, sampled and seeded decoding (seeded drafts are accepted when they match
-    the target's keyed sample), so each learns its own draft lengths; the measured costs are
-    shared."""
-
-    # Refined costs are kept for the next session once this many target passes refined them.
-    SAVE_AFTER = 64
-    # A calibration taken while the machine was busy is measured again between generations,
-    # first after this many seconds, then at doubling intervals, within a shorter budget,
-    # until one is quiet: that one replaces it (and is kept), so a busy start heals itself.
-    REMEASURE_AFTER = 15.0
-    REMEASURE_BUDGET = 3.0
-
-    def __init__(self, spec: SpecConfig, target, draft, head: Optional[ReducedHead] = None, *,
-                 recalibrate: bool = False, progress: Callable[[str], None] = lambda s: None):
-        self.spec, self.target, self.draft, self.head = spec, target, draft, head
-        self.costs: Optional[Costs] = None
-        self._by_kind: dict = {}
-        self._recalibrate, self._progress = recalibrate, progress
-        self._remeasure_wait = self.REMEASURE_AFTER
-        self._remeasure_at = time.monotonic() + self._remeasure_wait
-        if spec.is_adaptive and spec.drafter != "none":
-            self._calibrate()
-
-    def _measured_draft(self):
-        # An n-gram drafter costs microseconds, whatever the draft model would cost.
-        return self.draft if self.spec.drafter != "ngram" else None
-
-    def _calibrate(self) -> None:
-        self.costs = calibrate_cached(self.target, self._measured_draft(), head=self.head,
-                                      force=self._recalibrate, progress=self._progress)
-
-    def remeasure(self, force: bool = False) -> bool:
-        """Measure a busy calibration again when it is due (``force``: now); True when a
-        quiet measurement replaced it. Between generations only: it uses the models."""
-        c = self.costs
-        if c is None or not c.busy or (not force and time.monotonic() < self._remeasure_at):
-            return False
-        draft = self._measured_draft()
-        models = [m for m in (self.target, draft) if m is not None]
-        # Not without room after the conversation. On every thread the models may use (a
-        # governor that backed off may have done so in the busy spell this is to replace),
-        # unseen by the governors; the measurement says itself whether the machine is quiet.
-        if any(len(m.tokens) + 64 > m.n_ctx for m in models):
-            cal = None
-        else:
-            hooks = [(m.on_step, m.before_step, m.n_threads) for m in models]
-            for m in models:
-                m.on_step = m.before_step = None
-                m.set_threads(m.config.n_threads)
-            try:
-                cal = calibrate(self.target, draft, head=self.head,
-                                budget=self.REMEASURE_BUDGET)
-            finally:
-                for m, (after, before, n) in zip(models, hooks):
-                    m.on_step, m.before_step = after, before
-                    m.set_threads(n)
-        if cal is None or not cal.quiet:
-            self._remeasure_wait *= 2
-            self._remeasure_at = time.monotonic() + self._remeasure_wait
-            return False
-        c.adopt(cal.costs)
-        CostCache(self.target, draft, self.head).save(c, "calibration")
-        self._by_kind.clear()       # policies start again on these costs (and free() copies)
-        return True
-
-    def save_refined(self) -> None:
-        """Keep the costs as decoding refined them, so the next session starts from these;
-        not those that grew from a busy calibration (a quiet re-measure replaces and keeps
-        them: :meth:`remeasure`). The caller knows whether the threads ran at their count."""
-        if self.costs is not None and not self.costs.busy \
-                and self.costs.observed >= self.SAVE_AFTER:
-            CostCache(self.target, self._measured_draft(), self.head).save(self.costs,
-                                                                           "refined")
-
-    def plain_pass_seconds(self) -> Optional[float]:
-        """The cost model's seconds for a one-token target pass, as decoding refined it
-        (None without a cost model: a pinned draft length)."""
-        return self.costs.t(1) if self.costs is not None else None
-
-    def for_sampling(self, sampling: SamplingParams) -> Optional[Drafter]:
-        spec = self.spec
-        if spec.drafter == "none":
-            return None
-        kind = ("fixed" if not spec.is_adaptive else
-                "greedy" if sampling.greedy else
-                "seeded" if sampling.seed is not None else "sampled")
-        self.remeasure()
-        if kind not in self._by_kind:
-            if kind != "fixed" and self.costs is None:
-                self._calibrate()
-            self._by_kind[kind] = make_drafter(
-                spec, costs=self.costs, k_max=min(spec.k_max, self.target.n_outputs_max - 1),
-                draft_model=self.draft, eog=self.target.vocab.eog, head=self.head)
-        return self._by_kind[kind]
-
-    def set_draft_max(self, draft_max: Optional[int]) -> None:
-        """See :meth:`edgespec.engine.Engine.set_draft_max`."""
-        if self.spec.drafter == "none":
-            raise InvalidParameterError("draft_max", draft_max,
-                                        "unused: this Engine has no drafter (load it with a "
-                                        "draft model or drafter='ngram')")
-        spec = replace(self.spec, draft_max=draft_max)
-        limit = self.target.n_outputs_max - 1
-        if spec.most_drafts > limit:
-            err = InvalidParameterError(
-                "draft_max", draft_max, f"at most {limit} for this Engine (its target was "
-                f"loaded to verify {limit} drafts per pass; load it with draft_max="
-                f"{draft_max} for longer drafts)")
-            err.options = ("draft_max",)
-            raise err
-        self.spec = spec
-        self._by_kind.clear()
+__all__ = ["Draft", "Drafter", "CostCache", "Costs", "calibrate", "calibrate_cached",
+           "HybridDrafter", "ModelDrafter", "NgramDrafter", "AdaptiveLength", "FixedLength",
+           "LengthPolicy", "HEAD_MIN_VOCAB", "ReducedHead", "make_drafter", "EngineDrafting"]

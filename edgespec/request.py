@@ -1,0 +1,75 @@
+"""One generation's request, and the speculation decided once for it.
+
+:meth:`edgespec.engine.Engine.stream` checks the caller's arguments, tokenizes the prompt and
+builds a :class:`Request`; :func:`edgespec.generation.run_generation` carries it out. Every
+protocol in front of the Engine (the Python API, the OpenAI server) ends in the same object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Optional
+
+from .config import SamplingParams
+from .errors import InvalidParameterError
+from .results import Generation
+
+if TYPE_CHECKING:
+    from .constraints import GrammarState
+    from .drafting import Drafter, ReducedHead
+    from .lm import LanguageModel
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """How one generation drafts, decided before it starts: the draft model to keep in step
+    with the target (None: no draft model), its reduced output layer, the drafter (asked for
+    once the generation's turn comes: building one may calibrate), and the cost model's
+    seconds for a plain target pass (the speed-up's reference when no round was plain)."""
+
+    drafter: Callable[[], Optional["Drafter"]]
+    draft: Optional["LanguageModel"] = None
+    head: Optional["ReducedHead"] = None
+    plain_cost: Callable[[], Optional[float]] = lambda: None
+
+    @property
+    def models(self) -> tuple:
+        """The draft model, if this generation keeps one in step."""
+        return (self.draft,) if self.draft is not None else ()
+
+
+@dataclass(frozen=True)
+class Request:
+    """What to generate: ``prompt`` (token ids), at most ``max_tokens``, sampled with
+    ``sampling``, stopped at any of ``stop``; ``grammar``: the output's constraint at its
+    start; ``logprobs``: each token's log probability and this many alternatives;
+    ``finish``: turns the result into its final form (tool calls read from the output);
+    ``speculation``: None for plain decoding."""
+
+    prompt: list
+    max_tokens: int
+    sampling: SamplingParams
+    stop: tuple = ()
+    grammar: Optional["GrammarState"] = None
+    logprobs: Optional[int] = None
+    finish: Optional[Callable[[Generation], Generation]] = None
+    speculation: Optional[Speculation] = None
+
+    @property
+    def speculative(self) -> bool:
+        return self.speculation is not None
+
+
+def check_limits(max_tokens, stop, logprobs) -> tuple:
+    """The caller's ``max_tokens``, ``stop`` (a string or a list) and ``logprobs`` checked
+    (:class:`~edgespec.errors.InvalidParameterError` names the first bad one); the stop
+    strings as a tuple."""
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise InvalidParameterError("max_tokens", max_tokens, "an integer >= 1")
+    stop = (stop,) if isinstance(stop, str) else tuple(stop)
+    if any(not isinstance(s, str) or not s for s in stop):
+        raise InvalidParameterError("stop", list(stop), "a list of non-empty strings")
+    if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool)
+                                 or not 0 <= logprobs <= 20):
+        raise InvalidParameterError("logprobs", logprobs, "None or an integer in [0, 20]")
+    return stop
