@@ -25,17 +25,18 @@ class EdgespecError(Exception):
 class InvalidParameterError(EdgespecError, ValueError):
     """A sampling or runtime parameter is out of its valid range."""
 
-    def __init__(self, name: str, value: object, valid: str):
+    def __init__(self, name: str, value: object, valid: str, *, options: tuple = ()):
         self.name, self.value, self.valid = name, value, valid
-        super().__init__(f"{name}={value!r} is invalid: {name} must be {valid}")
+        super().__init__(f"{name}={value!r} is invalid: {name} must be {valid}",
+                         options=options)
 
 
 class ModelLoadError(EdgespecError):
     """A model file is missing, unreadable, not a GGUF, or not something we can run."""
 
-    def __init__(self, path: object, reason: str):
+    def __init__(self, path: object, reason: str, *, options: tuple = ()):
         self.path, self.reason = str(path), reason
-        super().__init__(f"{path}: {reason}")
+        super().__init__(f"{path}: {reason}", options=options)
 
 
 class InvalidModelError(ModelLoadError):

@@ -82,11 +82,10 @@ class LlamaModel(HasVocabulary):
             mparams.devices = ctypes.cast(devices, ctypes.c_void_p)
         self._model = C.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
-            err = ModelLoadError(self.path, "llama.cpp could not load this model (unsupported "
+            raise ModelLoadError(self.path, "llama.cpp could not load this model (unsupported "
                                             "architecture or damaged tensors; load it with "
-                                            "verbose=True to see llama.cpp's log)")
-            err.options = ("verbose",)
-            raise err
+                                            "verbose=True to see llama.cpp's log)",
+                                 options=("verbose",))
         try:
             self._open_context(tap_min_vocab)
         except BaseException:

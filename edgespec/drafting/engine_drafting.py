@@ -144,11 +144,9 @@ class EngineDrafting:
         spec = replace(self.spec, draft_max=draft_max)
         limit = self.target.n_outputs_max - 1
         if spec.most_drafts > limit:
-            err = InvalidParameterError(
+            raise InvalidParameterError(
                 "draft_max", draft_max, f"at most {limit} for this Engine (its target was "
                 f"loaded to verify {limit} drafts per pass; load it with draft_max="
-                f"{draft_max} for longer drafts)")
-            err.options = ("draft_max",)
-            raise err
+                f"{draft_max} for longer drafts)", options=("draft_max",))
         self.spec = spec
         self._by_kind.clear()
