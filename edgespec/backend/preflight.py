@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import datetime
+import functools
 import hashlib
 import json
 import logging
@@ -90,9 +91,11 @@ class Verdict:
 # ---------------------------------------------------------------------------------------------
 # The extra buffer types of this build
 
+@functools.cache
 def extra_buffer_types() -> tuple:
     """Names of the CPU device's extra buffer types (``ggml_backend_dev_get_extra_bufts``),
-    in llama.cpp's order of preference; () when there are none or ggml cannot be read."""
+    in llama.cpp's order of preference; () when there are none or ggml cannot be read.
+    Asked once per process: the build's list does not change while it runs."""
     ensure_init()
     lib = ggml()
     if lib is None:
@@ -318,7 +321,7 @@ def run_check(command: Optional[Callable[[bool], Sequence[str]]] = None) -> Verd
 
     cause_on, cause_off = death(True), death(False)
     for on, (rc, out) in results.items():
-        if rc not in (0, None) and rc > 0:
+        if rc is not None and rc > 0:
             log.debug("CPU check child (extra buffers %s) exited with %s: %s",
                       "on" if on else "off", rc, (out or "")[-500:])
     return Verdict(extra_buffers=extra, faults=bool(cause_on), cause=cause_on or cause_off,
