@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import llama_cpp.llama_cpp as C
@@ -76,7 +77,9 @@ class Vocabulary:
 
     def piece(self, token: int, special: bool = False) -> bytes:
         """The bytes of ``token`` as llama.cpp renders it (``special``: control tokens too)."""
-        self.check_token(token)
+        return self._piece(self.check_token(token), special)
+
+    def _piece(self, token: int, special: bool) -> bytes:        # token: checked
         n = C.llama_token_to_piece(self._p, token, self._piece_buf, 256, 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
@@ -97,6 +100,13 @@ class Vocabulary:
 
     def attr(self, token: int) -> int:
         return C.llama_vocab_get_attr(self._p, self.check_token(token))
+
+    def all_pieces(self) -> Iterator[tuple[bytes, int]]:
+        """(bytes with control tokens rendered, attributes) of every id in order: ids of the
+        vocabulary by construction, so without :meth:`check_token`'s cost (Gemma's 262,144
+        ids: 0.44 s of a 1.0 s walk)."""
+        for t in range(self.info.n_vocab):
+            yield self._piece(t, True), C.llama_vocab_get_attr(self._p, t)
 
 
 class HasVocabulary:
@@ -201,9 +211,7 @@ class GrammarVocab:
         user = C.LLAMA_TOKEN_ATTR_USER_DEFINED
         self.pieces: list[bytes] = []
         self.special: list[int] = []
-        for t in range(info.n_vocab):
-            piece = vocabulary.piece(t, special=True)
-            attr = vocabulary.attr(t)
+        for t, (piece, attr) in enumerate(vocabulary.all_pieces()):
             if attr & control or (attr & user and piece.startswith(b"<")
                                   and piece.endswith(b">")):
                 piece = b"\xff" + piece
