@@ -97,8 +97,10 @@ class _Run:
     def __init__(self, target: LoadedModel, req: Request, cancelled: threading.Event):
         self.target, self.req, self.cancelled = target, req, cancelled
         spec = req.speculation
-        self.models: list[LoadedModel] = [target, *(spec.models if spec else ())]
+        self.draft = spec.draft if spec else None        # the draft model kept in step
         self.head = spec.head if spec else None
+        self.models: list[LoadedModel] = [target] + ([self.draft] if self.draft is not None else [])
+        self.drafter = None             # asked for when the turn comes (prefill)
         self.stats = new_stats(req)
         self.tokens: list[int] = []
         self.logprobs: list[TokenLogprob] = []
@@ -118,8 +120,8 @@ class _Run:
         t0 = time.perf_counter()
         self.stats.prompt_tokens_evaluated = prefill(self.target, self.req.prompt,
                                                      self.cancelled)
-        for m in self.models[1:]:
-            prefill(m, self.req.prompt, self.cancelled)
+        if self.draft is not None:
+            prefill(self.draft, self.req.prompt, self.cancelled)
         self.t_decode = time.perf_counter()
         self.stats.prompt_seconds = self.t_decode - t0
         self.llama0 = sum(m.decode_seconds for m in self.models)
@@ -175,10 +177,10 @@ class _Run:
         s.head_seconds = self.head.seconds - self.head0 if self.head is not None else 0.0
         s.completion_tokens = len(self.tokens)
         s.target_threads = self.target.n_threads
-        s.draft_threads = self.models[1].n_threads if len(self.models) > 1 else 0
+        s.draft_threads = self.draft.n_threads if self.draft is not None else 0
         if lp.plain_passes >= 4:        # its own plain rounds: the most like-for-like
             s.plain_pass_seconds = lp.plain_seconds / lp.plain_passes
-        elif self.req.speculation is not None:
+        elif self.req.speculative:
             s.plain_pass_seconds = self.req.speculation.plain_cost() or 0.0
         if self.req.grammar is not None:
             s.grammar_seconds = self.req.grammar.seconds

@@ -17,7 +17,7 @@ from .results import Generation
 if TYPE_CHECKING:
     from .constraints import GrammarState
     from .drafting import Drafter, ReducedHead
-    from .lm import LanguageModel
+    from .lm import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -28,14 +28,9 @@ class Speculation:
     seconds for a plain target pass (the speed-up's reference when no round was plain)."""
 
     drafter: Callable[[], Optional["Drafter"]]
-    draft: Optional["LanguageModel"] = None
+    draft: Optional["LoadedModel"] = None
     head: Optional["ReducedHead"] = None
     plain_cost: Callable[[], Optional[float]] = lambda: None
-
-    @property
-    def models(self) -> tuple:
-        """The draft model, if this generation keeps one in step."""
-        return (self.draft,) if self.draft is not None else ()
 
 
 @dataclass(frozen=True)
