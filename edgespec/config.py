@@ -45,6 +45,9 @@ N_CTX = 4096              # context window of each model, in tokens
 N_BATCH = 512             # most tokens per llama.cpp call
 MAX_TOKENS = 256          # most tokens per generation (API, `edgespec run`, the server)
 CHAT_MAX_TOKENS = 1024    # most tokens per answer in `edgespec chat`
+# Host memory for the KV states of conversations other than the live one (both models;
+# edgespec/prompt_cache.py). 0 turns the cache off.
+CACHE_RAM_MIB = 1024
 N_OUTPUTS_MIN = 64        # logits rows a target pass can return: bounds the longest draft
 RPC_PORT = 50052          # `edgespec worker`'s port (llama.cpp rpc-server's default)
 

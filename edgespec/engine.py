@@ -35,6 +35,7 @@ from .drafting import HEAD_MIN_VOCAB, Drafter, EngineDrafting, ReducedHead
 from .errors import ContextOverflowError, EngineClosedError, InvalidParameterError
 from .generation import not_started, run_generation
 from .lm import LoadedModel
+from .prompt_cache import PromptCache
 from .request import Request, Speculation, check_limits
 from .results import Generation
 from .streams import AsyncStream, Job, Stream, Turnstile
@@ -55,7 +56,8 @@ class Engine:
 
     def __init__(self, target: LoadedModel, draft: Optional[LoadedModel], spec: SpecConfig, *,
                  draft_head: Optional[ReducedHead] = None, adaptive_threads: bool = False,
-                 recalibrate: bool = False, progress: Callable[[str], None] = lambda s: None):
+                 recalibrate: bool = False, cache_ram: int = config.CACHE_RAM_MIB,
+                 progress: Callable[[str], None] = lambda s: None):
         self.target = target
         self.draft = draft
 
@@ -78,6 +80,9 @@ class Engine:
                            else {})
         self._parked = self._governors      # kept while pinned: they resume what they knew
         self._turnstile = Turnstile()
+        self._check_cache_ram(cache_ram)
+        # The states of other conversations than the live one, in host memory
+        self.prompt_cache = PromptCache(cache_ram * 2**20)
         # Held while the models are used outside a turn (tokenizing, info) and by close()
         # while it frees them.
         self._life = threading.Lock()
@@ -94,7 +99,7 @@ class Engine:
              drafter: Optional[str] = None, draft_max: Optional[int] = None,
              adaptive: bool = True, p_min: float = 0.0, verbose: bool = False,
              recalibrate: bool = False, rpc=None, draft_rpc=None,
-             cpu_extra_buffers: str = "auto",
+             cpu_extra_buffers: str = "auto", cache_ram: int = config.CACHE_RAM_MIB,
              progress: Callable[[str], None] = lambda s: None) -> "Engine":
         """Load a target GGUF and optionally a draft GGUF (or a registry ``pair`` name).
 
@@ -140,12 +145,18 @@ class Engine:
                                      progress=progress)
         try:
             return cls(t_model, d_model, spec, adaptive_threads=n_threads is None,
-                       recalibrate=recalibrate, progress=progress)
+                       recalibrate=recalibrate, cache_ram=cache_ram, progress=progress)
         except BaseException:
             for m in (d_model, t_model):
                 if m is not None:
                     m.close()
             raise
+
+    @staticmethod
+    def _check_cache_ram(cache_ram) -> None:
+        if not isinstance(cache_ram, int) or isinstance(cache_ram, bool) or cache_ram < 0:
+            raise InvalidParameterError("cache_ram", cache_ram, "an integer >= 0 (MiB; 0 "
+                                        "turns the prompt cache off)")
 
     @property
     def spec(self) -> SpecConfig:
@@ -313,7 +324,8 @@ class Engine:
                       finish=plan.finish if plan is not None else None,
                       speculation=self._speculation(sampling) if speculative else None)
         job = Job(self._turnstile, not_started(req))
-        return Stream(job, run_generation(job, self._turnstile, self.target, req))
+        return Stream(job, run_generation(job, self._turnstile, self.target, req,
+                                          self.prompt_cache))
 
     def _speculation(self, sampling: SamplingParams) -> Optional[Speculation]:
         """How a generation with ``sampling`` drafts on this Engine; None: it cannot."""
@@ -388,6 +400,7 @@ class Engine:
         # forgotten a spell on fewer threads by then).
         if all(g.settled for g in self._governors.values()):
             self._drafting.save_refined()
+        self.prompt_cache.forget()
         with self._life:
             if self.draft is not None:
                 self.draft.close()

@@ -11,24 +11,17 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Iterator, Optional, Sequence
+from typing import Iterator, Optional
 
 import numpy as np
 
 from .lm import LanguageModel, LoadedModel
+from .prompt_cache import PromptCache, common_prefix
 from .request import Request
 from .results import Generation, GenerationStats, StreamEvent, TokenLogprob
 from .speculative import LoopStats, decode
 from .streams import Job, Turnstile
 from .textstream import TextAssembler
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    if n and a[:n] == b[:n]:
-        return n
-    diff = np.flatnonzero(np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64))
-    return int(diff[0]) if diff.size else n
 
 
 def prefill(model: LanguageModel, prompt: list[int], cancelled: threading.Event) -> int:
@@ -58,19 +51,20 @@ def not_started(req: Request) -> Generation:
     return Generation("", [], "cancelled", new_stats(req))
 
 
-def run_generation(job: Job, turnstile: Turnstile, target: LoadedModel,
-                   req: Request) -> Iterator[StreamEvent]:
+def run_generation(job: Job, turnstile: Turnstile, target: LoadedModel, req: Request,
+                   cache: Optional[PromptCache] = None) -> Iterator[StreamEvent]:
     """The generation behind a Stream: waits for its turn, then prefill → decode → result.
 
     Holds the turn until it ends; whichever way it ends (last token, cancel, close, an error)
     the loop's own ``finally`` trims the caches to what was generated, the statistics are
     finished, and the turn is handed on. A stop string's held-back text comes last, after
-    the turn is handed on.
+    the turn is handed on. ``cache``: conversations' states kept aside, consulted before
+    each model's prefill (:mod:`edgespec.prompt_cache`).
     """
     if not turnstile.enter(job):      # cancelled, or the Engine closed, while queued
         job.result = job.cancelled_result
         return
-    run = _Run(target, req, job.cancelled)
+    run = _Run(target, req, job.cancelled, cache)
     try:
         run.prefill()
         yield from run.decode()
@@ -94,8 +88,9 @@ class _Run:
     """The state of one generation while it holds the turn: its steps, in order, are
     :meth:`prefill`, :meth:`decode`, :meth:`finish_text`, then always :meth:`close`."""
 
-    def __init__(self, target: LoadedModel, req: Request, cancelled: threading.Event):
-        self.target, self.req, self.cancelled = target, req, cancelled
+    def __init__(self, target: LoadedModel, req: Request, cancelled: threading.Event,
+                 cache: Optional[PromptCache] = None):
+        self.target, self.req, self.cancelled, self.cache = target, req, cancelled, cache
         spec = req.speculation
         self.draft = spec.draft if spec else None        # the draft model kept in step
         self.head = spec.head if spec else None
@@ -118,9 +113,14 @@ class _Run:
         spec = self.req.speculation
         self.drafter = spec.drafter() if spec else None
         t0 = time.perf_counter()
+        want = self.req.prompt[:-1]
+        if self.cache is not None:
+            self.stats.prompt_tokens_restored = self.cache.prepare(self.target, want)
         self.stats.prompt_tokens_evaluated = prefill(self.target, self.req.prompt,
                                                      self.cancelled)
         if self.draft is not None:
+            if self.cache is not None:
+                self.cache.prepare(self.draft, want, companion=self.head)
             prefill(self.draft, self.req.prompt, self.cancelled)
         self.t_decode = time.perf_counter()
         self.stats.prompt_seconds = self.t_decode - t0

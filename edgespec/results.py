@@ -19,6 +19,7 @@ class GenerationStats:
 
     prompt_tokens: int = 0
     prompt_tokens_evaluated: int = 0   # not found in the KV cache, so evaluated (target)
+    prompt_tokens_restored: int = 0    # brought back from the prompt cache (target)
     completion_tokens: int = 0
     prompt_seconds: float = 0.0
     decode_seconds: float = 0.0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import time
+from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -43,6 +44,16 @@ def check_eval(model, tokens: Sequence[int], n_logits: int) -> int:
     if len(model.tokens) + n > model.n_ctx:
         raise ContextOverflowError(len(model.tokens) + n, model.n_ctx)
     return n
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """A model's cache contents copied to host memory: the tokens it holds, and llama.cpp's
+    serialised KV cells for them (``nbytes`` of ``data``)."""
+
+    tokens: tuple
+    data: ctypes.Array
+    nbytes: int
 
 
 class LlamaModel(HasVocabulary):
@@ -276,6 +287,29 @@ class LlamaModel(HasVocabulary):
                 "cache can be trimmed — decode plainly (speculative=False)",
                 options=("speculative",))
         del self.tokens[n:]
+
+    def save_state(self) -> "ModelState":
+        """A copy of what the cache holds now (``llama_state_seq_get_data``), for
+        :meth:`restore_state`: the KV cells of ``tokens``, in host memory."""
+        self._check_open()
+        size = C.llama_state_seq_get_size(self._ctx, 0)
+        data = (ctypes.c_uint8 * size)()
+        written = C.llama_state_seq_get_data(self._ctx, data, size, 0)
+        if written == 0 and self.tokens:
+            raise BackendError(f"{self.path.name}: llama.cpp could not copy this model's cache")
+        return ModelState(tuple(self.tokens), data, written)
+
+    def restore_state(self, state: "ModelState") -> None:
+        """Make the cache hold ``state`` (from :meth:`save_state` on this model) instead of
+        what it holds. On failure the cache is left empty, never half-written."""
+        self._check_open()
+        C.llama_memory_clear(self._mem, True)
+        self.tokens = []
+        if state.nbytes and not C.llama_state_seq_set_data(self._ctx, state.data,
+                                                           state.nbytes, 0):
+            C.llama_memory_clear(self._mem, True)
+            raise BackendError(f"{self.path.name}: llama.cpp refused a saved cache state")
+        self.tokens = list(state.tokens)
 
     def cache_span(self) -> tuple[int, int]:
         """(first, last) position llama.cpp holds in the cache; (-1, -1) when empty."""

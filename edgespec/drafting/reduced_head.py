@@ -121,6 +121,28 @@ class ReducedHead:
         self.include(context[n:])
         self._context.extend(context[n:])
 
+    def snapshot(self) -> tuple:
+        """The rows added for the conversation served now, copied (for a prompt cache that
+        keeps this conversation aside: :meth:`restore` brings them back without reading
+        the rows from the model file again)."""
+        n = self._n_extra
+        return (list(self._context), self._extra_ids[:n].copy(), self._extra_w[:n].copy())
+
+    @staticmethod
+    def snapshot_bytes(snap: tuple) -> int:
+        return snap[1].nbytes + snap[2].nbytes + 8 * len(snap[0])
+
+    def restore(self, snap: tuple) -> None:
+        """Serve the conversation of ``snap`` (from :meth:`snapshot`) again."""
+        context, ids, rows = snap
+        self._member[self._extra_ids[:self._n_extra]] = False
+        n = len(ids)
+        self._extra_ids[:n] = ids
+        self._extra_w[:n] = rows
+        self._member[ids] = True
+        self._n_extra = n
+        self._context = list(context)
+
     def include(self, tokens: Sequence[int]) -> None:
         """Add the output rows of these tokens (those not in the subset yet)."""
         t = np.unique(np.asarray(tokens, dtype=np.int64))
