@@ -58,7 +58,7 @@ def _is_number(value: object) -> bool:
 
 def _check_real(name: str, value: object, lo: float, hi: float, *, lo_open: bool = False,
                 valid: str) -> None:
-    if not _is_number(value) or math.isnan(value) or math.isinf(value):
+    if not _is_number(value) or (isinstance(value, float) and not math.isfinite(value)):
         raise InvalidParameterError(name, value, valid)
     if value < lo or (lo_open and value == lo) or value > hi:
         raise InvalidParameterError(name, value, valid)

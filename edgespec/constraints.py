@@ -154,6 +154,10 @@ class Constraint:
 
 def _check_schema(schema: dict) -> None:
     import jsonschema
+    dialect = schema.get("$schema") if isinstance(schema, dict) else None
+    if dialect is not None and not isinstance(dialect, str):
+        raise ConstraintError("the JSON schema is invalid at $schema: it must be a string, the "
+                              "URI of a JSON Schema dialect")
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as e:
