@@ -32,6 +32,7 @@ _.unsafe_undefined      # jinja2's sandbox calls it
 _.eos_token_id          # read by llguidance's tokenizer protocol
 _.bos_token_id
 _.special_token_ids
+_.collect               # prometheus_client calls a collector's collect() at each scrape
 # the public API (docs/api.md): used by applications, not by edgespec itself
 _.chat
 _.agenerate

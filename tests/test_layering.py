@@ -23,6 +23,7 @@ RULES = {
     "starlette": "server/",
     "uvicorn": "server/",
     "llguidance": "constraints.py",
+    "prometheus_client": "server/metrics.py",
 }
 
 
