@@ -40,9 +40,12 @@ def client(server):
     return openai.OpenAI(base_url=server.base_url, api_key=KEY, max_retries=0, timeout=300)
 
 
+SERVED = "SmolLM2-135M-Instruct.F32"     # the pair the server starts with, by its target
+
+
 @pytest.fixture(scope="module")
 def model(client):
-    return client.models.list().data[0].id
+    return SERVED
 
 
 # ---------------------------------------------------------------------------------------------
@@ -54,12 +57,18 @@ def test_binds_loopback_by_default(server):
 
 
 def test_models(client, server):
-    models = client.models.list().data
-    assert [m.id for m in models] == ["SmolLM2-135M-Instruct.F32"]
-    assert models[0].owned_by == "edgespec"
-    assert client.models.retrieve(models[0].id).id == models[0].id
-    with pytest.raises(openai.NotFoundError):
+    """Every model on disk is listed (the served pair, loaded, among them); a name that is
+    not on disk is a 404 that says how to get models."""
+    models = {m.id: m for m in client.models.list().data}
+    assert SERVED in models and "SmolLM2-135M-Instruct.Q4_1" in models
+    assert models[SERVED].owned_by == "edgespec"
+    assert models[SERVED].model_extra["edgespec"]["loaded"] is True
+    assert models[SERVED].model_extra["edgespec"]["draft"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert client.models.retrieve(SERVED).id == SERVED
+    with pytest.raises(openai.NotFoundError, match="edgespec pull"):
         client.models.retrieve("gpt-4")
+    with pytest.raises(openai.NotFoundError, match="not on this machine"):
+        client.chat.completions.create(model="gpt-4o", messages=CHAT, max_tokens=4)
 
 
 def test_chat(client, model):

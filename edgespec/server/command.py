@@ -1,4 +1,5 @@
-"""``edgespec serve``: parse the options, check where to listen, load the pair, serve.
+"""``edgespec serve``: parse the options, check where to listen, load the pair, serve it and
+every other model on disk (loaded when a request names one).
 
 Imported whenever the command line is built, so it imports nothing of the HTTP stack at module
 level; :func:`cmd_serve` does, when the command actually runs.
@@ -13,6 +14,7 @@ import re
 import socket
 from pathlib import Path
 
+from .. import config
 from ..errors import EdgespecError
 from ..shell import UsageError, add_model_args, load_engine, model_label, status
 
@@ -22,9 +24,13 @@ GRACEFUL_SHUTDOWN_SECONDS = 3
 
 def build_serve_parser(sub) -> None:
     p = sub.add_parser(
-        "serve", help="an OpenAI-compatible HTTP server for local apps",
-        description="Serve the pair over OpenAI's HTTP API (/v1/chat/completions, "
-                    "/v1/completions, /v1/models, /health) on this machine.")
+        "serve", help="an OpenAI- and Ollama-compatible HTTP server for local apps",
+        description="Serve the models on this machine over OpenAI's HTTP API "
+                    "(/v1/chat/completions, /v1/completions, /v1/models) and Ollama's "
+                    "(/api/chat, /api/generate, /api/tags, /api/show, /api/ps, "
+                    "/api/version), plus /health and, with --metrics, /metrics. The pair "
+                    "given is loaded at start; a request naming another model on disk loads "
+                    "it. For apps that speak only Ollama's API: --port 11434.")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only; any "
                         "other address needs --api-key)")
@@ -34,6 +40,27 @@ def build_serve_parser(sub) -> None:
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="let web pages from ORIGIN (e.g. http://localhost:3000) call the "
                         "server; repeatable; none by default")
+    g = p.add_argument_group("models on demand")
+    g.add_argument("--max-loaded", type=int, default=1, metavar="N",
+                   help="models (a pair counts as one) loaded at once; the least recently "
+                        "used idle one is unloaded to load another (default 1)")
+    g.add_argument("--max-ram", type=float, metavar="GiB",
+                   help="memory the loaded models may take in all (files and KV caches, "
+                        "estimated); default: no limit")
+    g.add_argument("--keep-alive", default="5m", metavar="DURATION",
+                   help="how long an idle model stays loaded, as Ollama's keep_alive: 30s, "
+                        "5m, 1h, -1 (for ever), 0 (unload when idle) (default 5m); a "
+                        "request's keep_alive overrides it")
+    g.add_argument("--model-alias", action="append", default=[], metavar="ALIAS=MODEL",
+                   help="answer requests naming ALIAS with MODEL (e.g. gpt-4o-mini=smollm2-"
+                        "135m); repeatable. Without one, a name not on disk is a 404")
+    g.add_argument("--cache-ram", type=int, default=config.CACHE_RAM_MIB, metavar="MiB",
+                   help="host memory per loaded model for the KV states of other "
+                        "conversations than the live one (both models), so that switching "
+                        f"conversations does not evaluate them again (default "
+                        f"{config.CACHE_RAM_MIB}; 0: off)")
+    p.add_argument("--metrics", action="store_true",
+                   help="serve Prometheus metrics at /metrics (behind the API key, if any)")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     add_model_args(p)
@@ -83,6 +110,53 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def parse_aliases(pairs: list[str]) -> dict[str, str]:
+    aliases = {}
+    for item in pairs:
+        alias, sep, name = item.partition("=")
+        if not sep or not alias.strip() or not name.strip():
+            raise UsageError(f"--model-alias {item!r}: write ALIAS=MODEL, e.g. "
+                             "gpt-4o-mini=smollm2-135m")
+        aliases[alias.strip()] = name.strip()
+    return aliases
+
+
+def manager_options(args) -> dict:
+    """The ModelManager's budget and keep-alive from the options (one-line errors)."""
+    from .ollama import parse_keep_alive
+    from .protocol import APIError
+    if args.max_loaded < 1:
+        raise UsageError(f"--max-loaded {args.max_loaded}: at least 1 model must fit")
+    if args.max_ram is not None and args.max_ram <= 0:
+        raise UsageError(f"--max-ram {args.max_ram:g}: give a positive number of GiB")
+    if args.cache_ram < 0:
+        raise UsageError(f"--cache-ram {args.cache_ram}: give MiB >= 0 (0 turns it off)")
+    try:
+        keep_alive = parse_keep_alive(args.keep_alive)
+    except APIError as e:
+        raise UsageError(f"--keep-alive: {e.message}") from None
+    return dict(max_loaded=args.max_loaded, keep_alive=keep_alive,
+                max_ram=int(args.max_ram * 2**30) if args.max_ram else None,
+                aliases=parse_aliases(args.model_alias))
+
+
+def loader(args):
+    """How the server loads a model a request names: the options of the command line, with
+    that model's files (a GGUF without a draft decodes with n-gram drafting, or plainly)."""
+    server_log = logging.getLogger("edgespec.server")
+
+    def load(entry):
+        server_log.info("loading %s …", entry.name)
+        drafter = args.drafter
+        if entry.draft is None and drafter in (None, "hybrid", "model"):
+            drafter = None
+        engine = load_engine(args, say=server_log.info, target=entry.target,
+                             draft=entry.draft, drafter=drafter, cache_ram=args.cache_ram)
+        server_log.info("loaded %s", entry.name)
+        return engine
+    return load
+
+
 def model_id(args) -> str:
     """The model name clients see: the pair, or the target file's name without .gguf."""
     return Path(args.target).name.removesuffix(".gguf") if args.target else model_label(args)
@@ -102,21 +176,34 @@ def _log_like_uvicorn(level: str) -> None:
 def cmd_serve(args) -> int:
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
     check_options(args.host, args.port, api_key, args.cors_origin)
+    budget = manager_options(args)
     try:
         import uvicorn
 
         from .app import create_app
+        from .models import ModelManager, entry_for, scan_catalog
+        metrics = None
+        if args.metrics:
+            from .metrics import Metrics
     except ImportError as e:
         raise EdgespecError(f"the server needs the HTTP stack ({e.name} is not installed): "
                             "pip install 'edgespec[server]'") from None
     sock = listen(args.host, args.port)
     try:
-        with load_engine(args) as engine:
+        with load_engine(args, cache_ram=args.cache_ram) as engine:
             name = model_id(args)
-            app = create_app(engine, model_id=name, api_key=api_key,
-                             cors_origins=args.cors_origin, host=args.host)
+            first = entry_for(name, engine.target.path,
+                              engine.draft.path if engine.draft is not None else None)
+            manager = ModelManager(lambda: scan_catalog(extra=[first]), loader(args),
+                                   preloaded=(name, engine), n_ctx=engine.n_ctx, **budget)
+            if args.metrics:
+                metrics = Metrics(lambda: [(m.name, manager.engine_for(m.name))
+                                           for m in manager.loaded()])
+            app = create_app(manager=manager, n_ctx=engine.n_ctx, api_key=api_key,
+                             cors_origins=args.cors_origin, host=args.host, metrics=metrics,
+                             close_on_shutdown=True)
             _log_like_uvicorn(args.log_level)
-            config = uvicorn.Config(app, log_level=args.log_level, lifespan="off",
+            config = uvicorn.Config(app, log_level=args.log_level, lifespan="on",
                                     timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
                                     server_header=False)
             host, port = sock.getsockname()[:2]

@@ -116,4 +116,5 @@ def speculation(stats) -> dict:
             "target_passes": stats.target_passes,
             "tokens_per_pass": round(stats.tokens_per_pass, 3),
             "tokens_per_second": round(stats.tokens_per_second, 2),
+            "prompt_tokens_restored": stats.prompt_tokens_restored,
             "threads": {"target": stats.target_threads, "draft": stats.draft_threads or None}}
