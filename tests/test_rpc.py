@@ -71,6 +71,28 @@ def test_greedy_through_two_workers_equals_local(workers, gemma_f32_path, gemma_
     assert sum(r.stats.accepted for r in remote) > 0
 
 
+def test_conversations_switch_through_the_prompt_cache_on_a_worker(workers, gemma_q4_path):
+    """The RPC child copies its cache out and back: two conversations in turn restore their
+    states, and the answers equal those of a local Engine without a cache that serves each
+    conversation alone (tests/test_prompt_cache.py says why alone)."""
+    greedy = SamplingParams(temperature=0.0)
+    talks = [p * 20 for p in PROMPTS[:2]]
+    turns = [talks[0], talks[1], talks[0] + " Then", talks[1] + " Then"]
+    local = {}
+    with Engine.load(gemma_q4_path, drafter="none", n_ctx=1024, cache_ram=0) as eng:
+        for i in (0, 2, 1, 3):          # A, A then; B, B then
+            if i in (0, 1):
+                eng.target.truncate(0)
+            local[i] = eng.generate(turns[i], max_tokens=12, sampling=greedy, raw=True).tokens
+    local = [local[i] for i in range(4)]
+    w = workers(1)
+    with Engine.load(gemma_q4_path, drafter="none", n_ctx=1024, rpc=w[0].endpoint) as eng:
+        remote = [eng.generate(p, max_tokens=12, sampling=greedy, raw=True) for p in turns]
+    assert [r.tokens for r in remote] == local
+    assert all(r.stats.prompt_tokens_restored > 50 for r in remote[2:])
+    assert all(r.stats.prompt_tokens_evaluated < 8 for r in remote[2:])
+
+
 def test_a_worker_serves_quantised_weights_on_any_cpu(workers, gemma_q4_path):
     """ggml-rpc's server keeps every tensor in the CPU's default buffer type, so the extra CPU
     kernels that fault on some CPUs (AMX: backend/preflight.py) never run in a worker: a

@@ -408,6 +408,11 @@ def test_option_errors_are_one_line(server, tmp_path):
     assert_one_line_error(serve("--port", "70000"), "not a port")
     assert_one_line_error(serve("--port", server.port, "--target", tmp_path / "x.gguf"),
                           f"cannot listen on 127.0.0.1:{server.port}")
+    assert_one_line_error(serve("--keep-alive", "soon"), "--keep-alive", "'5m'")
+    assert_one_line_error(serve("--model-alias", "gpt-4o"), "--model-alias", "ALIAS=MODEL")
+    assert_one_line_error(serve("--max-loaded", "0"), "--max-loaded")
+    assert_one_line_error(serve("--max-ram", "-2"), "--max-ram")
+    assert_one_line_error(serve("--cache-ram", "-1"), "--cache-ram")
 
 
 def test_all_addresses_with_a_key(smollm2_q4_path):

@@ -15,6 +15,7 @@ Tokenizing stays here, on a vocabulary-only load of the same file: only passes c
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import pickle
@@ -31,7 +32,7 @@ from ..config import ModelConfig
 from ..errors import (BackendError, ContextOverflowError, InvalidParameterError, ModelLoadError,
                       RPCError)
 from ..gguf_file import GGUFInfo, check_causal_lm, read_gguf
-from .model import LlamaModel, check_eval
+from .model import LlamaModel, ModelState, check_eval
 from .rpc import probe
 from .vocab import HasVocabulary, VocabOnly
 
@@ -233,6 +234,21 @@ class RemoteModel(HasVocabulary):
         self._call("truncate", n)
         del self.tokens[n:]
 
+    def save_state(self) -> ModelState:
+        """The child's cache contents, copied here (see :meth:`LlamaModel.save_state`)."""
+        if self._proc is None:      # the cache went with the child
+            self.tokens = []
+            return ModelState((), b"", 0)
+        data = self._call("save", timeout=PASS_TIMEOUT)
+        return ModelState(tuple(self.tokens), data, len(data))
+
+    def restore_state(self, state: ModelState) -> None:
+        if self._proc is None:
+            self._restart()
+        self.tokens = []
+        self._call("restore", state.tokens, state.data, timeout=PASS_TIMEOUT)
+        self.tokens = list(state.tokens)
+
     def set_threads(self, n: int) -> None:
         if n != self.n_threads and self._proc is not None:
             self._call("threads", n)
@@ -364,6 +380,14 @@ def _child(fd_in: int, fd_out: int, fd_logits: int) -> None:  # pragma: no cover
                 reply = None
             elif op == "threads":
                 model.set_threads(args[0])
+                reply = None
+            elif op == "save":
+                state = model.save_state()
+                reply = bytes(memoryview(state.data)[:state.nbytes])
+            elif op == "restore":
+                tokens, data = args
+                model.restore_state(ModelState(tuple(tokens), (ctypes.c_uint8 * len(data))
+                                               .from_buffer_copy(data), len(data)))
                 reply = None
             elif op == "span":
                 reply = model.cache_span()

@@ -17,6 +17,7 @@ edgespec                                                 llama-server (``--metri
                                                          count the prompt tokens evaluated, cache
                                                          hits excluded)
 ``edgespec_prompt_tokens_total``                         — (every prompt token, cached or not)
+``edgespec_prompt_tokens_restored_total``                — (restored from the prompt cache)
 ``edgespec_prompt_seconds_total``                        ``llamacpp:prompt_seconds_total``
 ``edgespec_tokens_predicted_total``                      ``llamacpp:tokens_predicted_total``
 ``edgespec_tokens_predicted_seconds_total``              ``llamacpp:tokens_predicted_seconds_total``
@@ -143,6 +144,9 @@ class Metrics:
         self._prompt_tokens = counter("prompt_tokens", "Prompt tokens, cached or evaluated.")
         self._prompt_evaluated = counter("prompt_tokens_evaluated", "Prompt tokens evaluated "
                                          "(not found in the KV cache).")
+        self._prompt_restored = counter("prompt_tokens_restored", "Prompt tokens brought back "
+                                        "from the prompt cache (another conversation's KV "
+                                        "state kept in host memory).")
         self._prompt_seconds = counter("prompt_seconds", "Seconds spent evaluating prompts.")
         self._predicted = counter("tokens_predicted", "Tokens generated.")
         self._predicted_seconds = counter("tokens_predicted_seconds",
@@ -185,6 +189,7 @@ class Metrics:
                                  finish_reason=finish_reason).inc()
         for c, v in ((self._prompt_tokens, stats.prompt_tokens),
                      (self._prompt_evaluated, stats.prompt_tokens_evaluated),
+                     (self._prompt_restored, stats.prompt_tokens_restored),
                      (self._prompt_seconds, stats.prompt_seconds),
                      (self._predicted, stats.completion_tokens),
                      (self._predicted_seconds, stats.decode_seconds),
