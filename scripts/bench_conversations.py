@@ -75,6 +75,7 @@ def main() -> int:
     switch = {side: [] for side in engines}
     cont = {side: [] for side in engines}
     restored = {side: [] for side in engines}
+    evaluated = {side: {"switch": [], "continue": []} for side in engines}
 
     def turn(side: str, topic: str, words: str) -> tuple[float, object]:
         c = convs[side][topic]
@@ -97,8 +98,10 @@ def main() -> int:
                 s, g = turn(side, topic, f"And in round {r}?")       # after a switch
                 switch[side].append(s)
                 restored[side].append(g.stats.prompt_tokens_restored)
-                s, _ = turn(side, topic, f"Anything else in round {r}?")   # continuing
+                evaluated[side]["switch"].append(g.stats.prompt_tokens_evaluated)
+                s, g = turn(side, topic, f"Anything else in round {r}?")   # continuing
                 cont[side].append(s)
+                evaluated[side]["continue"].append(g.stats.prompt_tokens_evaluated)
     n_prompt = len(any_engine.prompt_tokens(convs["cache on"][topics[0]], raw=not chat))
     print(f"pair {args.pair} ({'chat messages' if chat else 'raw text'}), "
           f"{len(topics)} conversations of ~{n_prompt} prompt tokens, {args.rounds} rounds, "
@@ -107,7 +110,10 @@ def main() -> int:
     for side in engines:
         sw, co = statistics.median(switch[side]), statistics.median(cont[side])
         print(f"{side:10} {sw * 1000:19.1f} ms {co * 1000:15.1f} ms {sw / co:7.2f}"
-              + (f"   (restored {statistics.median(restored[side]):.0f} tokens a switch)"
+              + f"   tokens evaluated: {statistics.median(evaluated[side]['switch']):.0f} "
+              f"after a switch, {statistics.median(evaluated[side]['continue']):.0f} "
+              "continuing"
+              + (f"; restored {statistics.median(restored[side]):.0f} a switch"
                  if side == "cache on" else ""))
     print("cache state:", engines["cache on"].prompt_cache.describe())
     for e in engines.values():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import re
 import signal
 import subprocess
@@ -15,10 +16,12 @@ import time
 class ServerProcess:
     """`python -m edgespec serve ARGS --port 0`, waited for until it listens."""
 
-    def __init__(self, *args: str, timeout: float = 180):
+    def __init__(self, *args: str, timeout: float = 180, env: dict | None = None):
+        """``env``: variables set for the server process, over this process's."""
         self.proc = subprocess.Popen([sys.executable, "-m", "edgespec", "serve", "--port", "0",
                                       *map(str, args)], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+                                     stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, **env} if env else None)
         self.lines: list[str] = []
         listening = threading.Event()
         self.host = self.port = None

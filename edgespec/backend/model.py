@@ -29,6 +29,7 @@ from .runtime import ensure_init, ggml, gpu_devices
 from .tap import Tap
 from .vocab import HasVocabulary, Vocabulary
 
+_U8P = ctypes.POINTER(ctypes.c_uint8)
 _DECODE_ERRORS = {1: "no room in the KV cache", 2: "aborted", -1: "invalid batch"}
 
 
@@ -49,10 +50,10 @@ def check_eval(model, tokens: Sequence[int], n_logits: int) -> int:
 @dataclass(frozen=True)
 class ModelState:
     """A model's cache contents copied to host memory: the tokens it holds, and llama.cpp's
-    serialised KV cells for them (``nbytes`` of ``data``)."""
+    serialised KV cells for them (``nbytes`` of ``data``, a buffer: numpy or bytes)."""
 
     tokens: tuple
-    data: ctypes.Array
+    data: object
     nbytes: int
 
 
@@ -293,8 +294,8 @@ class LlamaModel(HasVocabulary):
         :meth:`restore_state`: the KV cells of ``tokens``, in host memory."""
         self._check_open()
         size = C.llama_state_seq_get_size(self._ctx, 0)
-        data = (ctypes.c_uint8 * size)()
-        written = C.llama_state_seq_get_data(self._ctx, data, size, 0)
+        data = np.empty(size, dtype=np.uint8)       # not zeroed first, as a ctypes array is
+        written = C.llama_state_seq_get_data(self._ctx, data.ctypes.data_as(_U8P), size, 0)
         if written == 0 and self.tokens:
             raise BackendError(f"{self.path.name}: llama.cpp could not copy this model's cache")
         return ModelState(tuple(self.tokens), data, written)
@@ -305,8 +306,9 @@ class LlamaModel(HasVocabulary):
         self._check_open()
         C.llama_memory_clear(self._mem, True)
         self.tokens = []
-        if state.nbytes and not C.llama_state_seq_set_data(self._ctx, state.data,
-                                                           state.nbytes, 0):
+        if state.nbytes and not C.llama_state_seq_set_data(
+                self._ctx, np.frombuffer(state.data, dtype=np.uint8).ctypes.data_as(_U8P),
+                state.nbytes, 0):
             C.llama_memory_clear(self._mem, True)
             raise BackendError(f"{self.path.name}: llama.cpp refused a saved cache state")
         self.tokens = list(state.tokens)

@@ -15,7 +15,6 @@ Tokenizing stays here, on a vocabulary-only load of the same file: only passes c
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 import os
 import pickle
@@ -383,11 +382,10 @@ def _child(fd_in: int, fd_out: int, fd_logits: int) -> None:  # pragma: no cover
                 reply = None
             elif op == "save":
                 state = model.save_state()
-                reply = bytes(memoryview(state.data)[:state.nbytes])
+                reply = state.data[:state.nbytes].tobytes()
             elif op == "restore":
                 tokens, data = args
-                model.restore_state(ModelState(tuple(tokens), (ctypes.c_uint8 * len(data))
-                                               .from_buffer_copy(data), len(data)))
+                model.restore_state(ModelState(tuple(tokens), data, len(data)))
                 reply = None
             elif op == "span":
                 reply = model.cache_span()

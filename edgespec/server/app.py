@@ -30,6 +30,7 @@ origins, and never with credentials. Errors come in the shape of the API asked: 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hmac
 import json
 import logging
@@ -504,6 +505,10 @@ class Server:
             if oreq.load_only:
                 return JSONResponse(reply.loaded())
             req = oreq.gen
+            if req.parallel_tool_calls and not lease.engine.template.writes_tool_call_tags:
+                # Several calls only where the template writes call tags: in the generic JSON
+                # format small models repeat one call until num_predict (docs/decisions.md)
+                req = dataclasses.replace(req, parallel_tool_calls=False)
             gen = await run_in_threadpool(self._start, lease.engine, req)
             endpoint = request.url.path
             if req.stream:
