@@ -150,7 +150,7 @@ class _Run:
                 self.logprobs.append(lp)
             piece = self.assembler.push(self.target.token_bytes(step.token))
             self.text.append(piece)
-            yield StreamEvent(piece, step.token, step.from_draft, lp)
+            yield StreamEvent(piece, step.token, step.from_draft, lp, step.round)
             if self.assembler.stopped:
                 self.finish_reason = "stop"
                 return

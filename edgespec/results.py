@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .speculative import LoopStats
+from .speculative import LoopStats, Round
 
 @dataclass
 class GenerationStats:
@@ -222,9 +222,11 @@ class StreamEvent:
     """A piece of streamed output: the text released with ``token`` (may be '' while a
     character or a possible stop string is incomplete); ``from_draft``: the token was proposed
     by the drafter and accepted by the target; ``logprob``: its log probability (when
-    asked for)."""
+    asked for); ``round``: on the target's own token that ends a verify round, that round
+    (:class:`~edgespec.speculative.Round`: what was drafted, how much was accepted)."""
 
     text: str
     token: int
     from_draft: bool
     logprob: Optional["TokenLogprob"] = None     # when the request asked for logprobs
+    round: Optional[Round] = None

@@ -35,14 +35,28 @@ if TYPE_CHECKING:
     from .constraints import GrammarState
 
 
+@dataclass(frozen=True)
+class Round:
+    """One verify round, told with the token that ends it: the tokens drafted (``drafted``,
+    K of them; none in a plain round), how many the target accepted, and where the drafts
+    came from (``"model"``, ``"ngram"``, or ``"none"``). The token that carries it is the
+    target's own: the replacement for the first rejected draft, or the bonus token."""
+
+    drafted: tuple
+    accepted: int
+    source: str
+
+
 @dataclass
 class Step:
     """One committed token. ``from_draft``: proposed by the drafter and accepted.
-    ``logprob``: (its log probability, the top alternatives), when asked for."""
+    ``logprob``: (its log probability, the top alternatives), when asked for. ``round``: on
+    the target's own token that ends a round, that round."""
 
     token: int
     from_draft: bool
     logprob: Optional[tuple[float, list]] = None
+    round: Optional[Round] = None
 
 
 @dataclass
@@ -172,7 +186,8 @@ def decode(target: LanguageModel, context: list[int], *, params: SamplingParams,
                 context.append(token)
                 stats.emitted += 1
                 yield Step(token, i < n, log_probs(rows[i], token, logprobs)
-                           if logprobs is not None else None)
+                           if logprobs is not None else None,
+                           Round(tuple(x), n, draft.source) if i == n else None)
                 if token in eog:
                     return
     finally:

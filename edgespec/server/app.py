@@ -16,15 +16,20 @@ event loop stays free: each generation runs in a thread of its own
 generation, whether it was streaming, waiting for a whole response or still queued: the
 generation stops within one decoding step.
 
-Guards, before any endpoint: a request without the API key (when there is one) gets 401; with
-no key, only loopback ``Host`` names are served (so a web page cannot reach the server through
-DNS rebinding), and OpenAI bodies must be sent as ``application/json`` (a page's plain form
-post is refused before it can start a generation). Ollama's clients (and its documentation's
-``curl -d``) send JSON without that header, so ``/api/`` bodies are read whatever their type,
-but a request a browser sends from a page (it carries ``Origin``) is served only from an
-origin ``cors_origins`` names. No CORS headers are sent unless ``cors_origins`` names
-origins, and never with credentials. Errors come in the shape of the API asked: OpenAI's
-``{"error": {"message", "type", "param", "code"}}``, Ollama's ``{"error": message}``.
+``GET /`` is a chat page (:mod:`.page`) that uses the OpenAI endpoints and shows how
+speculation did from the stream's ``edgespec`` fields.
+
+Guards, before any endpoint: a request without the API key (when there is one) gets 401,
+except for ``/health`` and the page's files, which hold no secret (the page asks for the key
+when the API answers 401); with no key, only loopback ``Host`` names are served (so a web
+page cannot reach the server through DNS rebinding), and OpenAI bodies must be sent as
+``application/json`` (a page's plain form post is refused before it can start a generation).
+Ollama's clients (and its documentation's ``curl -d``) send JSON without that header, so
+``/api/`` bodies are read whatever their type, but a request a browser sends from a page (it
+carries ``Origin``) is served only from an origin ``cors_origins`` names. No CORS headers
+are sent unless ``cors_origins`` names origins, and never with credentials. Errors come in
+the shape of the API asked: OpenAI's ``{"error": {"message", "type", "param", "code"}}``,
+Ollama's ``{"error": message}``.
 """
 
 from __future__ import annotations
@@ -45,18 +50,19 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..errors import (ConstraintError, ContextOverflowError, EdgespecError, EngineClosedError,
                       InvalidParameterError, ModelLoadError, PromptTooLargeError,
                       TemplateError, TemplateRefused)
 from ..gguf_file import read_gguf
+from . import page
 from .models import ModelManager, ModelNotFound, entry_for
 from .ollama import (OllamaReply, OllamaRequest, ollama_error_body, parse_ollama_chat,
                      parse_ollama_generate, ps_body, show_body, tags_body, version_body)
 from .protocol import APIError, GenerationRequest, parse_chat, parse_completion
-from .replies import Reply
+from .replies import Reply, token_event
 
 log = logging.getLogger(__name__)
 
@@ -95,9 +101,17 @@ def _host_name(host_header: str) -> str:
     return host_header.rsplit(":", 1)[0] if host_header.count(":") == 1 else host_header
 
 
+def needs_key(path: str) -> bool:
+    """Whether ``path`` is served only with the API key: all but ``/health`` and the chat
+    page (``/`` and its files under ``/web/``), which hold no secret. The Host check applies
+    to every path."""
+    return not (path in ("/", "/health") or path.startswith("/web/"))
+
+
 class Guard:
     """API key and Host checks for every HTTP request (a pure ASGI middleware, so that
-    streamed responses pass through untouched). ``/health`` needs no key."""
+    streamed responses pass through untouched). ``/health`` and the page need no key
+    (:func:`needs_key`)."""
 
     def __init__(self, app, api_key: Optional[str], allowed_hosts: Optional[set]):
         self.app = app
@@ -119,7 +133,7 @@ class Guard:
                 return APIError(400, f"this server only answers requests addressed to "
                                      f"127.0.0.1 or localhost, not {host!r} (start it with "
                                      "--api-key to serve other names)", code="invalid_host")
-        if self.api_key is not None and path != "/health":
+        if self.api_key is not None and needs_key(path):
             scheme, _, given = headers.get("authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not given:
                 return APIError(401, "missing API key: send the header 'Authorization: "
@@ -327,7 +341,7 @@ class Server:
                 req.prompt, max_tokens=req.max_tokens, sampling=req.sampling, raw=req.raw,
                 stop=req.stop, constraint=req.constraint, tools=req.tools,
                 tool_choice=req.tool_choice, logprobs=req.logprobs,
-                parallel_tool_calls=req.parallel_tool_calls)
+                parallel_tool_calls=req.parallel_tool_calls, speculative=req.speculative)
         except ContextOverflowError as e:
             raise APIError(400, str(e), param="messages" if req.kind == "chat" else "prompt",
                            code="context_length_exceeded") from None
@@ -413,9 +427,9 @@ class Server:
                 if hold:
                     continue
                 lp = reply.logprobs([event.logprob], spell) if event.logprob else None
-                if event.text or lp:
+                if event.text or lp or event.round is not None:
                     yield sse(reply.chunk(event.text, include_usage=include_usage,
-                                          logprobs=lp))
+                                          logprobs=lp, edgespec=token_event(event, spell)))
             result = gen.result
             if hold and result.finish_reason != "cancelled":
                 if result.text:
@@ -567,9 +581,6 @@ class Server:
             if not finished:
                 gen.cancel()
 
-    async def root(self, request: Request) -> Response:
-        return PlainTextResponse("edgespec is running (OpenAI API at /v1, Ollama API at /api)")
-
 
 def _log_result(rid: str, gen) -> None:
     log.info("%s: %s, %d tokens · %s", rid, gen.finish_reason,
@@ -651,7 +662,8 @@ def create_app(engine=None, *, model_id: Optional[str] = None,
         raise TypeError("create_app needs n_ctx with a manager")
     server = Server(manager, n_ctx, max_body, metrics)
     routes = [
-        Route("/", server.root, methods=["GET", "HEAD"]),
+        Route("/", page.index, methods=["GET", "HEAD"]),
+        Route("/web/{file}", page.asset, methods=["GET", "HEAD"]),
         Route("/health", server.health, methods=["GET"]),
         Route("/v1/models", server.models, methods=["GET"]),
         Route("/v1/models/{model:path}", server.model, methods=["GET"]),

@@ -40,7 +40,7 @@ CHAT_ROLES = {"system": "system", "developer": "system", "user": "user",
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "presence_penalty",
              "frequency_penalty", "seed")
 _COMMON = {"model", "max_tokens", "n", "stream", "stream_options", "stop", "logprobs",
-           "logit_bias", "user", *_SAMPLING}
+           "logit_bias", "user", "speculative", *_SAMPLING}
 _IGNORED = {"user", "metadata", "store", "service_tier"}
 CHAT_FIELDS = _COMMON | _IGNORED | {"messages", "max_completion_tokens", "top_logprobs",
                                     "tools", "tool_choice", "parallel_tool_calls", "functions",
@@ -89,6 +89,7 @@ class GenerationRequest:
     tool_choice: Optional[str] = None
     logprobs: Optional[int] = None           # alternatives per token; None: not asked for
     parallel_tool_calls: bool = False
+    speculative: bool = True                  # edgespec's extension: false decodes plainly
 
     @property
     def raw(self) -> bool:
@@ -319,7 +320,10 @@ def _common(body: dict, kind: str, prompt, n_ctx: int, default_max: int) -> Gene
                              # off unless asked for, as in llama.cpp's server (docs/api.md)
                              parallel_tool_calls=_optional(
                                  body, "parallel_tool_calls", lambda v: isinstance(v, bool),
-                                 "true or false") is True)
+                                 "true or false") is True,
+                             speculative=_optional(body, "speculative",
+                                                   lambda v: isinstance(v, bool),
+                                                   "true or false") is not False)
 
 
 def parse_chat(body: Any, n_ctx: int) -> GenerationRequest:

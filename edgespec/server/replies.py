@@ -71,8 +71,10 @@ class Reply:
 
     def chunk(self, text: Optional[str], *, first: bool = False,
               finish: Optional[str] = None, include_usage: bool = False,
-              logprobs: Optional[dict] = None, tool_calls: Optional[list] = None) -> dict:
-        """A chunk with ``text`` (chat: the role goes in the first delta only)."""
+              logprobs: Optional[dict] = None, tool_calls: Optional[list] = None,
+              edgespec: Optional[dict] = None) -> dict:
+        """A chunk with ``text`` (chat: the role goes in the first delta only); ``edgespec``:
+        how its token came (:func:`token_event`), a field OpenAI clients ignore."""
         if self.kind == "chat":
             delta: dict = {"role": "assistant", "content": text or ""} if first else \
                 ({"content": text} if text is not None else {})
@@ -89,6 +91,8 @@ class Reply:
         body["choices"] = [choice]
         if include_usage:
             body["usage"] = None     # as OpenAI: null on every chunk but the usage chunk
+        if edgespec is not None:
+            body["edgespec"] = edgespec
         return body
 
     def final_chunk(self, gen, include_usage: bool) -> dict:
@@ -102,6 +106,21 @@ class Reply:
                 "edgespec": speculation(gen.stats)}
 
 
+def token_event(event, token_bytes) -> dict:
+    """What a streamed chunk says of its token: ``draft`` (proposed by the draft and accepted
+    by the target, or the target's own), and on a token that ends a verify round, the round:
+    the drafted tokens' texts, how many were accepted, this token's text, the drafts'
+    source."""
+    out: dict = {"draft": event.from_draft}
+    r = event.round
+    if r is not None:
+        def spell(t: int) -> str:
+            return token_bytes(t).decode("utf-8", "replace")
+        out["round"] = {"drafted": [spell(t) for t in r.drafted], "accepted": r.accepted,
+                        "token": spell(event.token), "source": r.source}
+    return out
+
+
 def usage(stats) -> dict:
     cached = max(0, stats.prompt_tokens - stats.prompt_tokens_evaluated)
     return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens,
@@ -110,11 +129,18 @@ def usage(stats) -> dict:
 
 
 def speculation(stats) -> dict:
-    """The edgespec field of every response: how speculation did on this request."""
+    """The edgespec field of every response: how speculation did on this request.
+    ``speedup`` is None until the run gives evidence for one (GenerationStats.speedup_estimate);
+    ``draft_length``: tokens drafted per round that drafted."""
+    drafting = stats.loop.rounds - stats.loop.plain_passes
     return {"speculative": stats.speculative, "drafted": stats.drafted,
             "accepted": stats.accepted, "acceptance_rate": round(stats.acceptance_rate, 4),
             "target_passes": stats.target_passes,
             "tokens_per_pass": round(stats.tokens_per_pass, 3),
             "tokens_per_second": round(stats.tokens_per_second, 2),
             "prompt_tokens_restored": stats.prompt_tokens_restored,
+            "draft_length": round(stats.drafted / drafting, 3) if drafting else None,
+            "tested_at": list(stats.tested_at), "accepted_at": list(stats.accepted_at),
+            "speedup": round(x, 3) if (x := stats.speedup_estimate) is not None else None,
+            "verdict": stats.verdict,
             "threads": {"target": stats.target_threads, "draft": stats.draft_threads or None}}
