@@ -7,7 +7,8 @@ the server's memory against its budget.
 Starts the server on a temporary models folder holding (links to) the two GGUF files, sends
 requests that alternate between them with the official `ollama` client, and after each prints
 the model the reply names, `/api/ps`, the load time (Ollama's `load_duration`) and the server
-process's resident memory (from /proc), next to the manager's estimate for one loaded model.
+process's resident memory (from /proc), next to what the manager counts against --max-ram
+(`/api/ps` sizes: the files and KV caches, or the load's measured growth when larger).
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def main() -> int:
         proc = subprocess.Popen([sys.executable, "-m", "edgespec", "serve", "--port", "0",
                                  "--target", str(folder / args.models[0].name),
                                  "--max-loaded", "1", "--ctx-size", "2048"],
-                                env=env, stderr=subprocess.PIPE, text=True)
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True)
         port = None
         lines: list[str] = []
 
@@ -78,14 +80,17 @@ def main() -> int:
             print(f"server pid {proc.pid}; estimate per loaded model: "
                   + ", ".join(f"{n} {mib:.0f} MiB" for n, mib in budget.items()))
             print(f"{'turn':>4} {'asked':<32} {'answered by':<32} {'loaded (ps)':<32} "
-                  f"{'load s':>7} {'RSS MiB':>8}")
+                  f"{'load s':>7} {'counted MiB':>12} {'RSS MiB':>8}")
             for turn in range(args.turns):
                 name = names[turn % 2]
                 r = client.generate(model=name, prompt="Say hello.",
                                     options={"temperature": 0, "num_predict": 8})
-                ps = [m.model for m in client.ps().models]
+                loaded = client.ps().models
+                ps = [m.model for m in loaded]
+                counted = sum(m.size for m in loaded) / 2**20
                 print(f"{turn:>4} {name:<32} {r.model:<32} {','.join(ps):<32} "
-                      f"{(r.load_duration or 0) / 1e9:7.2f} {rss_mib(proc.pid):8.0f}")
+                      f"{(r.load_duration or 0) / 1e9:7.2f} {counted:12.0f} "
+                      f"{rss_mib(proc.pid):8.0f}")
         finally:
             proc.terminate()
             proc.wait(30)
