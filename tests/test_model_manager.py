@@ -408,7 +408,9 @@ def test_the_catalog_and_the_manager_on_real_models(models_folder, smollm2_q4_pa
                 lambda: first.generate("Hi", max_tokens=4, raw=True))
             assert result.stats.completion_tokens >= 1
         [info] = mgr.loaded()
-        assert info.size == entry.size + entry.kv_bytes_per_token * 512 and info.n_ctx == 512
+        # at least the files and the KV cache; more when the load's own growth was more
+        assert info.size >= entry.size + entry.kv_bytes_per_token * 512 and info.n_ctx == 512
+        assert info.size < 4 * (entry.size + entry.kv_bytes_per_token * 512)
         async with mgr.acquire(q2) as lease:       # max_loaded=1: the first goes
             assert first.closed and not lease.engine.closed
             second = lease.engine

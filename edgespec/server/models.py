@@ -30,6 +30,7 @@ import functools
 import hashlib
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -557,6 +558,13 @@ class ModelManager:
             count, ram = count - 1, ram - v.size
         return victims
 
+    def _load_measured(self, entry: CatalogEntry) -> tuple[Engine, int]:
+        """The Engine for ``entry``, and how much this process's resident memory grew while
+        it loaded (0 where that cannot be read)."""
+        before = _resident_bytes()
+        engine = self._load(entry)
+        return engine, max(0, _resident_bytes() - before)
+
     async def _load_into(self, entry: CatalogEntry, need: int) -> tuple[_Slot, float]:
         """Load ``entry`` into a new slot (registered first, so that concurrent requests wait
         for this load and budgets count it) and take the first lease on it."""
@@ -568,7 +576,7 @@ class ModelManager:
             # Shielded: a request that goes away does not abandon a half-loaded Engine;
             # whoever else waits for it gets it.
             with anyio.CancelScope(shield=True):
-                engine = await anyio.to_thread.run_sync(self._load, entry)
+                engine, grown = await anyio.to_thread.run_sync(self._load_measured, entry)
         except BaseException as e:
             slot.error = e
             if self._slots.get(entry.name) is slot:
@@ -578,7 +586,9 @@ class ModelManager:
             raise
         seconds = time.monotonic() - t0
         slot.engine = engine
-        slot.size = entry.memory(engine.n_ctx)
+        # what the load took, when it took more than the files and KV caches (llama.cpp's
+        # extra CPU buffer types hold a repacked copy of the weights beside the mapped file)
+        slot.size = max(entry.memory(engine.n_ctx), grown)
         self._n_ctx = engine.n_ctx
         slot.loaded_at = time.time()
         slot.leases = 1
@@ -663,6 +673,15 @@ class ModelManager:
         while any(s.engine is None for s in self._slots.values()):
             await self._wait()
         await self._retire(list(self._slots.values()))
+
+
+def _resident_bytes() -> int:
+    """This process's resident memory (Linux ``/proc``; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _gb(n: int) -> str:
