@@ -209,7 +209,8 @@ def cmd_serve(args) -> int:
             host, port = sock.getsockname()[:2]
             shown = f"[{host}]" if ":" in host else host
             status(f"edgespec serve: listening on http://{shown}:{port}/v1 (model {name!r}"
-                    + (", API key required" if api_key else "") + ")")
+                    + (", API key required" if api_key else "") + f"); Ollama's API at "
+                    f"http://{shown}:{port}/api, a chat page at http://{shown}:{port}/")
             uvicorn.Server(config).run(sockets=[sock])
     finally:
         sock.close()
