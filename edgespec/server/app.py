@@ -40,7 +40,7 @@ import hmac
 import json
 import logging
 import time
-from typing import AsyncIterator, Optional, Sequence
+from typing import AsyncIterator, Callable, Optional, Sequence
 
 import anyio
 from starlette.applications import Starlette
@@ -367,7 +367,8 @@ class Server:
             endpoint = request.url.path
             if req.stream:
                 stream = StreamingResponse(
-                    self._events(gen, reply, req, lease, timing, endpoint),
+                    _guarded(self._events(gen, reply, req, lease, timing, endpoint), gen,
+                             reply.id, _openai_error_event),
                     media_type="text/event-stream",
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
                 response, leases = LeasedResponse(stream, leases), None
@@ -410,8 +411,7 @@ class Server:
                       endpoint: str) -> AsyncIterator[bytes]:
         """Server-sent events framed as OpenAI's: one id; the role in the first delta only;
         finish_reason in the last chunk; the usage chunk if asked; ``data: [DONE]``. A failure
-        ends the stream with an error event instead. Starlette cancels this when the client
-        disconnects, and the ``finally`` cancels the generation.
+        ends the stream with an error event instead (:func:`_guarded`).
 
         A request that may call tools streams its answer once it is complete: the raw output
         is the call's JSON, and what it means (content, or ``tool_calls`` deltas) is known
@@ -419,47 +419,33 @@ class Server:
         include_usage = req.include_usage
         spell = lease.engine.target.token_bytes
         hold = bool(req.tools) and req.tool_choice != "none"
-        finished = False
-        try:
-            yield sse(reply.chunk("", first=True, include_usage=include_usage))
-            async for event in gen:
-                timing.token()
-                if hold:
-                    continue
-                lp = reply.logprobs([event.logprob], spell) if event.logprob else None
-                if event.text or lp or event.round is not None:
-                    yield sse(reply.chunk(event.text, include_usage=include_usage,
-                                          logprobs=lp, edgespec=token_event(event, spell)))
-            result = gen.result
-            if hold and result.finish_reason != "cancelled":
-                if result.text:
-                    yield sse(reply.chunk(result.text, include_usage=include_usage,
-                                          logprobs=reply.logprobs(result.logprobs, spell)))
-                if result.tool_calls:
-                    yield sse(reply.chunk(None, include_usage=include_usage,
-                                          tool_calls=result.tool_calls))
-            _log_result(reply.id, result)
-            self._count(lease.name, endpoint, result, timing)
-            if result.finish_reason == "cancelled":
-                yield sse(APIError(503, "the generation was cancelled: the server is shutting "
-                                        "down", type="server_error", code="cancelled").body())
-                return
-            yield sse(reply.final_chunk(result, include_usage))
-            if include_usage:
-                yield sse(reply.usage_chunk(result))
-            yield b"data: [DONE]\n\n"
-            finished = True
-        except anyio.get_cancelled_exc_class():
-            log.info("%s: client disconnected; generation cancelled", reply.id)
-            raise
-        except Exception as e:   # reported to the client, then logged
-            log.error("%s: generation failed: %s", reply.id, e,
-                      exc_info=not isinstance(e, EdgespecError))
-            yield sse(APIError(500, f"the generation failed: {e}", type="server_error",
-                               code="generation_failed").body())
-        finally:
-            if not finished:
-                gen.cancel()
+        yield sse(reply.chunk("", first=True, include_usage=include_usage))
+        async for event in gen:
+            timing.token()
+            if hold:
+                continue
+            lp = reply.logprobs([event.logprob], spell) if event.logprob else None
+            if event.text or lp or event.round is not None:
+                yield sse(reply.chunk(event.text, include_usage=include_usage,
+                                      logprobs=lp, edgespec=token_event(event, spell)))
+        result = gen.result
+        if hold and result.finish_reason != "cancelled":
+            if result.text:
+                yield sse(reply.chunk(result.text, include_usage=include_usage,
+                                      logprobs=reply.logprobs(result.logprobs, spell)))
+            if result.tool_calls:
+                yield sse(reply.chunk(None, include_usage=include_usage,
+                                      tool_calls=result.tool_calls))
+        _log_result(reply.id, result)
+        self._count(lease.name, endpoint, result, timing)
+        if result.finish_reason == "cancelled":
+            yield sse(APIError(503, "the generation was cancelled: the server is shutting "
+                                    "down", type="server_error", code="cancelled").body())
+            return
+        yield sse(reply.final_chunk(result, include_usage))
+        if include_usage:
+            yield sse(reply.usage_chunk(result))
+        yield b"data: [DONE]\n\n"
 
     # -- Ollama ---------------------------------------------------------------------------
 
@@ -527,7 +513,8 @@ class Server:
             endpoint = request.url.path
             if req.stream:
                 stream = StreamingResponse(
-                    self._ndjson(gen, reply, req, lease, timing, endpoint),
+                    _guarded(self._ndjson(gen, reply, req, lease, timing, endpoint), gen,
+                             f"ollama-{kind}", _ollama_error_line),
                     media_type=NDJSON, headers={"Cache-Control": "no-cache",
                                                 "X-Accel-Buffering": "no"})
                 response, leases = LeasedResponse(stream, leases), None
@@ -546,40 +533,55 @@ class Server:
                       timing: Timing, endpoint: str) -> AsyncIterator[bytes]:
         """Ollama's stream: an object per piece of text, then the final one with the figures.
         A request that may call tools sends its answer once complete (as for OpenAI); a
-        failure ends the stream with ``{"error": …}``, as Ollama's does."""
+        failure ends the stream with ``{"error": …}``, as Ollama's does (:func:`_guarded`)."""
         hold = bool(req.tools) and req.tool_choice != "none"
-        finished = False
-        try:
-            async for event in gen:
-                timing.token()
-                if hold:
-                    continue
-                lp = [event.logprob] if event.logprob else None
-                if event.text or lp:
-                    yield ndjson(reply.chunk(event.text, logprobs=lp))
-            result = gen.result
-            _log_result(f"ollama-{reply.kind}", result)
-            self._count(lease.name, endpoint, result, timing)
-            if result.finish_reason == "cancelled":
-                yield ndjson({"error": "the generation was cancelled: the server is shutting "
-                                       "down"})
-                return
-            if hold and (result.text or result.tool_calls):
-                yield ndjson(reply.chunk(result.text, logprobs=result.logprobs,
-                                         tool_calls=result.tool_calls or ()))
-            yield ndjson(reply.final(result, total_seconds=timing.seconds,
-                                     load_seconds=lease.load_seconds, streamed=True))
-            finished = True
-        except anyio.get_cancelled_exc_class():
-            log.info("ollama-%s: client disconnected; generation cancelled", reply.kind)
-            raise
-        except Exception as e:   # reported to the client, then logged
-            log.error("ollama-%s: generation failed: %s", reply.kind, e,
-                      exc_info=not isinstance(e, EdgespecError))
-            yield ndjson({"error": f"the generation failed: {e}"})
-        finally:
-            if not finished:
-                gen.cancel()
+        async for event in gen:
+            timing.token()
+            if hold:
+                continue
+            lp = [event.logprob] if event.logprob else None
+            if event.text or lp:
+                yield ndjson(reply.chunk(event.text, logprobs=lp))
+        result = gen.result
+        _log_result(f"ollama-{reply.kind}", result)
+        self._count(lease.name, endpoint, result, timing)
+        if result.finish_reason == "cancelled":
+            yield ndjson({"error": "the generation was cancelled: the server is shutting "
+                                   "down"})
+            return
+        if hold and (result.text or result.tool_calls):
+            yield ndjson(reply.chunk(result.text, logprobs=result.logprobs,
+                                     tool_calls=result.tool_calls or ()))
+        yield ndjson(reply.final(result, total_seconds=timing.seconds,
+                                 load_seconds=lease.load_seconds, streamed=True))
+
+async def _guarded(frames: AsyncIterator[bytes], gen, rid: str,
+                   error: Callable[[str], bytes]) -> AsyncIterator[bytes]:
+    """A stream's ``frames`` with the rules every stream keeps: a failure is reported to the
+    client as its last frame (``error(message)``) and logged; Starlette cancels this when the
+    client disconnects; whichever way it ends early, the generation is cancelled."""
+    finished = False
+    try:
+        async for frame in frames:
+            yield frame
+        finished = True
+    except anyio.get_cancelled_exc_class():
+        log.info("%s: client disconnected; generation cancelled", rid)
+        raise
+    except Exception as e:   # reported to the client, then logged
+        log.error("%s: generation failed: %s", rid, e, exc_info=not isinstance(e, EdgespecError))
+        yield error(f"the generation failed: {e}")
+    finally:
+        if not finished:
+            gen.cancel()
+
+
+def _openai_error_event(message: str) -> bytes:
+    return sse(APIError(500, message, type="server_error", code="generation_failed").body())
+
+
+def _ollama_error_line(message: str) -> bytes:
+    return ndjson({"error": message})
 
 
 def _log_result(rid: str, gen) -> None:
