@@ -105,14 +105,18 @@ class _Run:
         self.assembler = TextAssembler(list(req.stop))
         self.steps = None               # the decoding loop, once it runs
         self.t_decode: Optional[float] = None
+        self.t0 = 0.0                   # the turn's start
         self.llama0 = self.head0 = 0.0
 
     def prefill(self) -> None:
-        """Both caches hold the prompt but its last token (each keeps its common prefix).
-        The drafter is asked for first: building one may calibrate."""
+        """The target's cache holds the prompt but its last token (keeping its common prefix).
+        The draft's keeps what it shares with the prompt (or what the prompt cache brings
+        back) and no more: the drafter catches up between target steps when that pays
+        (:meth:`edgespec.drafting.ModelDrafter.catch_up`), so the first token never waits for
+        the draft. The drafter is asked for first: building one may calibrate."""
         spec = self.req.speculation
         self.drafter = spec.drafter() if spec else None
-        t0 = time.perf_counter()
+        t0 = self.t0 = time.perf_counter()
         want = self.req.prompt[:-1]
         if self.cache is not None:
             self.stats.prompt_tokens_restored = self.cache.prepare(self.target, want)
@@ -121,7 +125,7 @@ class _Run:
         if self.draft is not None:
             if self.cache is not None:
                 self.cache.prepare(self.draft, want, companion=self.head)
-            prefill(self.draft, self.req.prompt, self.cancelled)
+            self.draft.truncate(common_prefix(self.draft.tokens, want))
         self.t_decode = time.perf_counter()
         self.stats.prompt_seconds = self.t_decode - t0
         self.llama0 = sum(m.decode_seconds for m in self.models)
@@ -140,6 +144,8 @@ class _Run:
                             stats=self.stats.loop, should_stop=self.cancelled.is_set,
                             constraint=req.grammar, logprobs=req.logprobs)
         for step in self.steps:
+            if not self.stats.first_token_seconds:
+                self.stats.first_token_seconds = time.perf_counter() - self.t0
             if step.token in eog:
                 self.finish_reason = "stop"
                 return

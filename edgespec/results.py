@@ -22,6 +22,9 @@ class GenerationStats:
     prompt_tokens_restored: int = 0    # brought back from the prompt cache (target)
     completion_tokens: int = 0
     prompt_seconds: float = 0.0
+    # From the turn's start (prompt processing) to the first generated token committed: what a
+    # user waits before anything appears (0: no token came).
+    first_token_seconds: float = 0.0
     decode_seconds: float = 0.0
     llama_seconds: float = 0.0         # inside llama_decode, both models, decoding phase
     head_seconds: float = 0.0          # the draft's reduced output layer (numpy), decoding
@@ -48,6 +51,13 @@ class GenerationStats:
     @property
     def accepted(self) -> int:
         return self.loop.accepted
+
+    @property
+    def draft_caught_up(self) -> int:
+        """Committed tokens the draft evaluated to reach the context (a long prompt's when
+        the cost model found reading it worth it, whole or through a window; 0 when the
+        draft sat it out and the answer was decoded plainly)."""
+        return self.loop.caught_up
 
     @property
     def target_passes(self) -> int:
@@ -169,12 +179,12 @@ class GenerationStats:
     def to_dict(self) -> dict:
         d = {name: getattr(self, name) for name in (
             "prompt_tokens", "prompt_tokens_evaluated", "completion_tokens", "drafted",
-            "accepted", "target_passes", "prompt_seconds", "decode_seconds", "llama_seconds",
-            "head_seconds", "grammar_seconds", "draft_seconds", "verify_seconds", "speculative",
-            "target_threads", "draft_threads",
+            "accepted", "target_passes", "prompt_seconds", "first_token_seconds",
+            "decode_seconds", "llama_seconds", "head_seconds", "grammar_seconds",
+            "draft_seconds", "verify_seconds", "speculative", "target_threads", "draft_threads",
             "acceptance_rate", "tokens_per_pass", "tokens_per_second",
             "prompt_tokens_per_second", "python_seconds", "python_share",
-            "plain_pass_seconds", "speedup_estimate", "decoding_plainly")}
+            "plain_pass_seconds", "speedup_estimate", "decoding_plainly", "draft_caught_up")}
         d["tested_at"], d["accepted_at"] = list(self.tested_at), list(self.accepted_at)
         return d
 

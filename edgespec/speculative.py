@@ -79,6 +79,9 @@ class LoopStats:
     # target pass costs here and now, the reference for the estimated speed-up.
     plain_passes: int = 0
     plain_seconds: float = 0.0
+    # Committed tokens the draft model evaluated to reach the context beyond the last one (a
+    # long prompt's in chunks between plain rounds, when catching up paid).
+    caught_up: int = 0
 
     def record_round(self, k: int, n: int) -> None:
         for counts, upto in ((self.tested_at, min(n + 1, k)), (self.accepted_at, n)):
@@ -115,6 +118,8 @@ def decode(target: LanguageModel, context: list[int], *, params: SamplingParams,
     max_rows = min(target.n_batch, target.n_outputs_max)
     limit = len(context) + min(max_new, target.n_ctx - len(context))
     assert target.tokens == context[:-1], "target cache must hold the context minus id_last"
+    if drafter is not None:
+        drafter.begin(context, limit)
     try:
         while len(context) < limit:
             # How many drafts fit: the verify pass commits at most K + 1 tokens.
@@ -137,6 +142,7 @@ def decode(target: LanguageModel, context: list[int], *, params: SamplingParams,
             assert constraint is None or constraint.depth == d0 + K, "a draft the grammar refused"
             stats.drafted += K
             stats.draft_seconds += draft.seconds
+            stats.caught_up += draft.caught_up
             if should_stop():
                 return
 

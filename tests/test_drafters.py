@@ -269,3 +269,111 @@ def test_a_disturbed_measurement_never_makes_a_batch_cost_less_or_below_zero():
     t = c.t(sizes)
     assert np.all(np.diff(t) >= 0) and np.all(t > 0)
     assert c.t(33) > c.t(2)
+
+
+# -- a long prompt: the first token never waits for the draft ------------------------------
+
+def _sevens_loop(policy, prompt_len, max_new, n_vocab=400, drafter=None, cycle=False):
+    """The real loop over a Markov target whose greedy choice is always 7 (``cycle``: the
+    token after t is t + 1, from 100 to 349 and round again, the prompt's own pattern) and the
+    sevens draft (none of the prompt in its cache): the steps and the loop's counters."""
+    from edgespec.speculative import LoopStats, decode
+    table = np.zeros((n_vocab, n_vocab), dtype=np.float32)
+    if cycle:
+        table[np.arange(100, 350), np.r_[101:350, 100]] = 10.0
+    else:
+        table[:, 7] = 10.0
+    target = MarkovLM(table)
+    drafter = drafter or sevens(policy, n_vocab=n_vocab)
+    prompt = [100 + i % 250 for i in range(prompt_len)]
+    target.eval(prompt[:-1], 0)
+    stats = LoopStats()
+    steps = list(decode(target, list(prompt), params=GREEDY, rng=np.random.default_rng(0),
+                        max_new=max_new, drafter=drafter, stats=stats))
+    return steps, stats, drafter
+
+
+def test_the_first_round_is_plain_and_a_long_prompt_is_caught_up_in_chunks():
+    steps, stats, drafter = _sevens_loop(FixedLength(4), prompt_len=300, max_new=40)
+    assert steps[0].round is not None and steps[0].round.drafted == ()   # the target's own
+    chunk = ModelDrafter.CATCH_UP_CHUNK
+    # ~300 tokens behind: one chunk a round from the second round on, each round plain,
+    # until the cache is within a chunk of the context; then the draft drafts.
+    behind_rounds = -(-(300 - chunk) // chunk)
+    plain = [s.round for s in steps if s.round is not None][:1 + behind_rounds]
+    assert all(r.drafted == () for r in plain)
+    assert stats.caught_up >= 300 - chunk and stats.drafted > 0
+    assert stats.accepted == stats.drafted                     # the draft agrees: all 7s
+    assert [s.token for s in steps] == [7] * 40
+    held = drafter.model.tokens            # a prefix of the committed context, past the prompt
+    assert held == ([100 + i % 250 for i in range(300)] + [7] * 40)[:len(held)]
+    assert len(held) > 300
+
+
+def test_a_catch_up_that_does_not_pay_is_skipped_and_the_output_is_the_targets():
+    """A draft that would cost 10 ms a prompt token to catch up for a 12-token answer: the
+    loop decodes plainly, never evaluating the prompt on the draft."""
+    pol = AdaptiveLength(Costs(dict(GEMMA[0]), GEMMA[1]))
+    model = sevens(pol, n_vocab=400)
+    model.catch_up_cost = 0.010
+    steps, stats, _ = _sevens_loop(None, prompt_len=1500, max_new=12, drafter=model)
+    assert stats.caught_up == 0 and stats.drafted == 0 and model.model.tokens == []
+    assert [s.token for s in steps] == [7] * 12
+    # The same prompt with a long answer ahead: catching up (15 s) is repaid.
+    model = sevens(AdaptiveLength(Costs(dict(GEMMA[0]), GEMMA[1])), n_vocab=400)
+    model.catch_up_cost = 0.010
+    steps, stats, _ = _sevens_loop(None, prompt_len=1500, max_new=3000, drafter=model)
+    assert stats.caught_up > 1400 and stats.drafted > 0
+
+
+def test_the_typical_answer_bounds_what_catching_up_is_repaid_over():
+    model = sevens(FixedLength(4), n_vocab=400)
+    _sevens_loop(None, prompt_len=10, max_new=20, drafter=model)
+    assert model.answer_tokens is None
+    model.begin([1] * 50, 2000)                 # the last answer was 20 tokens
+    assert model.answer_tokens == 20
+    assert model.tokens_ahead(50) == 20 and model.tokens_ahead(58) == 12
+    assert model.tokens_ahead(90) == 40         # longer than typical: as long again
+    model.rollback(1500)
+    model.begin([1] * 1600, 1700)               # a 1451-token answer moves the estimate
+    assert model.answer_tokens == pytest.approx(20 + 0.3 * 1431)
+    assert model.tokens_ahead(1600) == 100      # the budget bounds it
+
+
+def test_the_hybrid_drafts_ngrams_while_the_model_catches_up():
+    """The target continues the prompt's own pattern (it repeats every 250 tokens), so the
+    n-gram finds matches from the first round on, while the model, 400 tokens behind, catches
+    up a chunk per round."""
+    drafter = HybridDrafter(sevens(FixedLength(4), n_vocab=400), NgramDrafter(FixedLength(8)))
+    steps, stats, _ = _sevens_loop(None, prompt_len=400, max_new=60, drafter=drafter,
+                                   cycle=True)
+    rounds = [s.round for s in steps if s.round is not None]
+    assert [r.source for r in rounds[:3]] == ["ngram"] * 3
+    assert stats.caught_up >= 400 - ModelDrafter.CATCH_UP_CHUNK
+    assert [s.token for s in steps] == [100 + i % 250 for i in range(400, 460)]
+
+
+def test_a_long_prompt_is_read_through_a_window_when_that_saves_the_most():
+    """1,500 prompt tokens at 10 ms each (15 s) are not repaid by a 300-token answer; its
+    first 32 and last 256 (2.9 s) are, at the window's lower acceptance: the draft reads
+    those, and the output is the target's."""
+    model = sevens(AdaptiveLength(Costs(dict(GEMMA[0]), GEMMA[1])), n_vocab=400)
+    model.catch_up_cost = 0.010
+    steps, stats, _ = _sevens_loop(None, prompt_len=1500, max_new=300, drafter=model)
+    prompt = [100 + i % 250 for i in range(1500)]
+    held = model.model.tokens
+    window = prompt[:32] + prompt[1501 - 256:]     # chosen after the first (plain) round
+    assert held[:len(window)] == window and set(held[len(window):]) == {7}
+    assert stats.caught_up < 400 and stats.drafted > 0
+    assert [s.token for s in steps] == [7] * 300
+    # A next generation reads afresh: its context is not the window's.
+    model.begin(prompt + [7] * 300, 2000)
+    assert model.model.tokens == prompt[:32]
+
+
+def test_saving_scales_with_the_acceptance_kept():
+    pol = AdaptiveLength(Costs(dict(GEMMA[0]), GEMMA[1]))
+    whole, window = pol.saving(300), pol.saving(300, keep=0.8)
+    assert whole > window > 0
+    assert pol.saving(600) == pytest.approx(2 * whole)
+    assert pol.saving(0) == 0.0 and pol.saving(300, keep=0.1) == 0.0

@@ -99,6 +99,9 @@ class RandomDrafter:
         self.rng = np.random.default_rng(seed)
         self.n_vocab = n_vocab
 
+    def begin(self, context, limit):
+        pass
+
     def plan(self):
         return 8
 

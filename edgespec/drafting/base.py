@@ -32,6 +32,8 @@ class Draft:
     drafter chose a plain round. ``free`` marks the tokens that cost no draft step and that
     the drafter's length policy did not choose (one-hot q): tokens a grammar forced, and an
     n-gram continuation found while the model drafted (``extended`` counts those).
+    ``caught_up``: committed tokens the draft model evaluated in this call to reach the
+    context (those of a long prompt, a chunk at a time, come in plain rounds).
     """
 
     x: list[int] = field(default_factory=list)
@@ -42,6 +44,7 @@ class Draft:
     seconds: float = 0.0
     free: list[bool] = field(default_factory=list)
     extended: int = 0
+    caught_up: int = 0
 
     def __post_init__(self) -> None:
         assert len(self.x) == len(self.q) == len(self.confidences), "one q and confidence per x"
@@ -57,7 +60,7 @@ class Draft:
     def after(self, forced: list[int]) -> "Draft":
         """This draft behind ``forced`` tokens (a grammar's)."""
         d = Draft(source=self.source, seconds=self.seconds, step_seconds=self.step_seconds,
-                  extended=self.extended)
+                  extended=self.extended, caught_up=self.caught_up)
         d.add(forced)
         d.x += self.x
         d.q += self.q
@@ -80,6 +83,10 @@ class Draft:
 
 class Drafter(Protocol):
     """What the speculative loop needs from a source of draft tokens."""
+
+    def begin(self, context: Sequence[int], limit: int) -> None:
+        """A generation starts after ``context`` (the prompt) and ends by the time the
+        context is ``limit`` tokens long. Called once, before its first :meth:`plan`."""
 
     def plan(self) -> int:
         """How many tokens of its own are worth drafting this round (0: decode it

@@ -43,6 +43,10 @@ class HybridDrafter:
         self.miss_tokens = 16.0
         self._miss_start: Optional[int] = None
 
+    def begin(self, context: Sequence[int], limit: int) -> None:
+        self.model.begin(context, limit)
+        self.ngram.begin(context, limit)
+
     def plan(self) -> int:
         self._planned = (self.model.plan(), self.ngram.plan())
         return max(self._planned)
@@ -60,7 +64,14 @@ class HybridDrafter:
             self._match_found(len(context))
         elif self._miss_start is None:
             self._miss_start = len(context)
-        if (not d.x or self._model_is_better(k_model)) and k_model > 0 \
+        if k_model > 0 and self.model.behind(context):
+            # The model catches up (a chunk when that pays, never on the first round) while
+            # the n-gram drafts, or the round is plain.
+            caught = self.model.catch_up(context, self._catch_up_pays(context)).caught_up
+            if not d.x:
+                d = Draft()
+            d.caught_up = caught
+        elif (not d.x or self._model_is_better(k_model)) and k_model > 0 \
                 and self._catch_up_pays(context):
             if constraint is not None:
                 constraint.rollback(len(d.x))
@@ -103,11 +114,13 @@ class HybridDrafter:
         return k_model > 0 and mine is not None and theirs is not None and mine > theirs
 
     def _catch_up_pays(self, context: Sequence[int]) -> bool:
+        """Whether catching the model up is repaid before the next n-gram match is likely
+        (and before the answer is expected to end)."""
         seconds = self.model.catch_up_seconds(context)
         if seconds is None:
             return True
         stretch = len(context) - self._miss_start if self._miss_start is not None else 0
-        ahead = max(self.miss_tokens, stretch)
+        ahead = min(max(self.miss_tokens, stretch), self.model.tokens_ahead(len(context)))
         return self.model.policy.catch_up_pays(seconds, ahead)
 
     def _extender(self, context: Sequence[int], k: int) -> Extender:

@@ -1,4 +1,13 @@
-"""Drafting with a small model that shares the target's tokenizer."""
+"""Drafting with a small model that shares the target's tokenizer.
+
+The draft never delays the target's first token: a generation's first round is plain, and a
+draft cache far behind the context (a long prompt, a long n-gram run) catches up one chunk per
+round, between target steps, and only while the cost model says that drafting for the rest of
+the answer repays what catching up costs. It may read a long prompt through a window, its
+first tokens and its last few hundred, when that is expected to save more time than the
+acceptance it costs (docs/decisions.md, "The first token of a long prompt"). What the draft
+reads changes only how fast the answer comes, never what it is.
+"""
 
 from __future__ import annotations
 
@@ -41,6 +50,20 @@ class ModelDrafter:
     layer and applies the head's rows instead.
     """
 
+    # A cache more than this many tokens behind the context catches up this many per round (a
+    # plain round for the draft): a chunk batches well, and the answer's tokens keep flowing.
+    CATCH_UP_CHUNK = 64
+    # How fast the typical answer length (what catching up is repaid over) follows new answers.
+    ANSWER_EMA = 0.3
+    # A long prompt may be read through a window: its first HEAD tokens and its last W, for
+    # these W, each keeping this share of the acceptance the whole prompt gives (the least
+    # of both registry pairs, scripts/bench_draft_window.py, docs/decisions.md).
+    HEAD = 32
+    WINDOWS = ((256, 0.80), (1024, 0.90))
+    # Until a catch-up was measured, a prompt token is taken to cost this share of a draft
+    # step (measured: 0.2-0.4 on both pairs); the first chunk measures it.
+    PROMPT_TOKEN_SHARE = 0.5
+
     def __init__(self, model: LanguageModel, eog: frozenset[int], policy: LengthPolicy,
                  head: Optional[ReducedHead] = None):
         self.model = model
@@ -51,8 +74,29 @@ class ModelDrafter:
         # tokens it has not seen (n-gram rounds); None until measured on a batch of 4+.
         self.catch_up_cost: Optional[float] = None
         self._planned = 0       # this round's plan
+        # The generation in progress: where it started and must end (context lengths), whether
+        # its first round is still to come, and the committed length last seen. The typical
+        # answer's length in tokens (None until one answer ended).
+        self._start, self._limit, self._first = 0, float("inf"), False
+        self._seen = 0
+        self.answer_tokens: Optional[float] = None
+        # The context the cache leaves out, [a, b), when a window was chosen (the cache holds
+        # context[:a] + context[b:]); whether this generation chose already.
+        self._skip: Optional[tuple[int, int]] = None
+        self._chosen = False
 
     # -- the contract ---------------------------------------------------------------------
+
+    def begin(self, context: Sequence[int], limit: int) -> None:
+        if self._seen > self._start:        # the previous answer's length, learned
+            n = self._seen - self._start
+            self.answer_tokens = (n if self.answer_tokens is None else
+                                  self.answer_tokens + self.ANSWER_EMA * (n - self.answer_tokens))
+        self._start = self._seen = len(context)
+        self._limit, self._first = limit, True
+        if self._skip is not None:      # a window of the last conversation: read afresh
+            self.model.truncate(min(len(self.model.tokens), self._skip[0]))
+        self._skip, self._chosen = None, False
 
     def plan(self) -> int:
         self._planned = self.policy.plan()
@@ -66,15 +110,18 @@ class ModelDrafter:
         said. ``extend(x)``, asked after each drawn token but the last planned one, may
         return tokens that continue ``x`` (an n-gram match): they end the draft with one-hot
         q and are counted in ``Draft.extended``; the extender bounds their number."""
+        if self.behind(context):
+            return self.catch_up(context)
         t0 = time.perf_counter()
         m = self.model
         n_cached = len(m.tokens)
-        assert m.tokens == context[:n_cached], "draft cache diverged from the context"
+        seen = self._view(context)          # what the draft reads: the context, or a window
+        assert m.tokens == seen[:n_cached], "draft cache diverged from the context"
         if self.head is not None:
             self.head.follow(context)
-        ids, vals = self._step(context[n_cached:])
-        self._measure_catch_up(len(context) - n_cached, time.perf_counter() - t0)
-        d = Draft(source="model")
+        ids, vals = self._step(seen[n_cached:])
+        self._measure_catch_up(len(seen) - n_cached, time.perf_counter() - t0)
+        d = Draft(source="model", caught_up=max(0, len(seen) - n_cached - 1))
         need_conf = self.policy.needs_confidence
         plain_greedy = params.greedy and not params.uses_penalty
         tail = list(context[-params.repeat_last_n:]) if params.uses_penalty else []
@@ -141,7 +188,98 @@ class ModelDrafter:
                             k_verified=len(draft.x))
 
     def rollback(self, n_keep: int) -> None:
-        self.model.truncate(n_keep)
+        if self._skip is not None and n_keep < self._skip[1]:
+            self.model.truncate(min(n_keep, self._skip[0]))     # back into the window's gap
+            self._skip = None
+        else:
+            self.model.truncate(self._seen_len(n_keep))
+        self._seen = n_keep + 1
+
+    # -- catching up ------------------------------------------------------------------------
+
+    def behind(self, context: Sequence[int]) -> bool:
+        """Whether this round is a plain one for the model: the generation's first round (the
+        first token never waits for the draft), or a cache more than a chunk behind."""
+        return self._first or self._lag(context) > self.CATCH_UP_CHUNK
+
+    def catch_up(self, context: Sequence[int], worth: Optional[bool] = None) -> Draft:
+        """A plain round while :meth:`behind`: after the first round, one chunk of the context
+        the cache lacks is evaluated when catching up is ``worth`` it (default: this drafter's
+        own judgement, :meth:`catch_up_worth`)."""
+        t0 = time.perf_counter()
+        d = Draft()
+        if self._first:
+            self._first = False
+        elif worth if worth is not None else self.catch_up_worth(context):
+            n = len(self.model.tokens)
+            chunk = self._view(context)[n:n + self.CATCH_UP_CHUNK]
+            self.model.eval(chunk, 0)
+            self._measure_catch_up(len(chunk), time.perf_counter() - t0)
+            d.caught_up = len(chunk)
+        d.seconds = time.perf_counter() - t0
+        return d
+
+    def tokens_ahead(self, position: int) -> float:
+        """How many more tokens this answer is expected to have at ``position`` (a context
+        length), within what the generation may still make: what the typical answer has
+        left, or, past the typical length, as many as it has made so far."""
+        left = self._limit - position
+        if self.answer_tokens is None:
+            return left
+        made = position - self._start
+        return min(left, max(self.answer_tokens - made, made))
+
+    def catch_up_worth(self, context: Sequence[int]) -> bool:
+        """Whether bringing the cache up to the context is repaid by drafting for the rest of
+        the answer (the tokens decoded plainly while catching up not counted). The first time
+        in a generation, a window of a long prompt may be chosen (:meth:`_choose_window`).
+        Unmeasured, one chunk is the measurement, when drafting pays at all."""
+        if not self._chosen:
+            self._chosen = True
+            self._choose_window(context)
+        lag = self._lag(context)
+        ahead = self.tokens_ahead(len(context)) - lag / self.CATCH_UP_CHUNK
+        if ahead <= 1:
+            return False
+        seconds = self.catch_up_seconds(context)
+        return self.policy.catch_up_pays(seconds or 0.0, ahead)
+
+    def _choose_window(self, context: Sequence[int]) -> None:
+        """Read the prompt whole, or through a window (its first HEAD tokens, its last W):
+        whichever the cost model expects to save the most over the rest of the answer, the
+        saving at a window's acceptance less what reading it costs. Only under a cost model
+        (a pinned draft length reads the whole prompt)."""
+        saving = getattr(self.policy, "saving", None)
+        if saving is None:
+            return
+        n, size = len(self.model.tokens), len(context)
+        cost = self.catch_up_cost or self.PROMPT_TOKEN_SHARE * self.policy.costs.draft
+        ahead = self.tokens_ahead(size)
+
+        def net(read: int, keep: float) -> float:
+            return saving(ahead - read / self.CATCH_UP_CHUNK, keep) - read * cost
+
+        best, choice = net(size - n, 1.0), None
+        a = max(n, self.HEAD)
+        for w, keep in self.WINDOWS:
+            b = size - w
+            if b - a > self.CATCH_UP_CHUNK and net(a - n + w, keep) > best:
+                best, choice = net(a - n + w, keep), (a, b)
+        self._skip = choice
+
+    def _view(self, context: Sequence[int]) -> list[int]:
+        """The context as the draft reads it (all of it, or the window chosen)."""
+        if self._skip is None:
+            return list(context)
+        a, b = self._skip
+        return list(context[:a]) + list(context[b:])
+
+    def _seen_len(self, n: int) -> int:
+        """How long the first ``n`` context tokens are as the draft reads them."""
+        return n if self._skip is None else n - (self._skip[1] - self._skip[0])
+
+    def _lag(self, context: Sequence[int]) -> int:
+        return self._seen_len(len(context)) - len(self.model.tokens)
 
     # -- for a hybrid drafter -------------------------------------------------------------
 
@@ -152,7 +290,7 @@ class ModelDrafter:
     def catch_up_seconds(self, context: Sequence[int]) -> Optional[float]:
         """What evaluating the context tokens this cache has not seen would cost (None: not
         measured yet, or only a few tokens behind)."""
-        lag = len(context) - len(self.model.tokens)
+        lag = self._lag(context)
         if self.catch_up_cost is None or lag < 4:
             return None
         return lag * self.catch_up_cost

@@ -52,6 +52,9 @@ class NgramDrafter:
         self.ngram_min, self.ngram_max, self.window = ngram_min, ngram_max, window
         self._planned = 0       # this round's plan
 
+    def begin(self, context: Sequence[int], limit: int) -> None:
+        """(Nothing to prepare: the context is all a lookup needs.)"""
+
     def plan(self) -> int:
         self._planned = self.policy.plan()
         return self._planned

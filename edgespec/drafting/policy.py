@@ -294,6 +294,21 @@ class AdaptiveLength:
             return False
         return tokens_ahead * (self.costs.t(1) - 1.0 / rate) > seconds
 
+    def saving(self, tokens_ahead: float, keep: float = 1.0) -> float:
+        """Seconds that drafting is expected to save over decoding the next ``tokens_ahead``
+        tokens plainly, were every position's acceptance ``keep`` times today's estimate (a
+        draft that reads only a window of the prompt); 0 when drafting would not pay."""
+        if tokens_ahead <= 0:
+            return 0.0
+        ks = np.arange(0, self.k_max + 1)
+        seconds = ks * self.costs.draft + self.costs.t(ks + 1)
+        reach = np.cumprod(keep * self.position_rates())
+        rate = (1.0 + np.concatenate(([0.0], np.cumsum(reach)))) / seconds
+        best = float(rate.max())
+        if best < rate[0] * (1 + self.margin):
+            return 0.0
+        return tokens_ahead * (self.costs.t(1) - 1.0 / best)
+
     def observe(self, k, n, confidences, draft_step_seconds, verify_seconds,
                 k_verified=None) -> None:
         if k_verified is not None and k_verified > k:
