@@ -40,6 +40,8 @@ class DrafterKind(str, Enum):
 
 
 DRAFTERS = tuple(k.value for k in DrafterKind)
+# The acceptance rules for unseeded sampling (SpecConfig.verifier; edgespec/verify.py)
+VERIFIERS = ("block", "token")
 
 N_CTX = 4096              # context window of each model, in tokens
 N_BATCH = 512             # most tokens per llama.cpp call
@@ -137,7 +139,10 @@ class SpecConfig:
     Draft length: with ``draft_max=None`` and ``adaptive=True`` (the default) a cost model picks
     each round's K in [0, ``k_max``]; ``draft_max=K`` pins K, and ``adaptive=False`` pins it to
     ``FIXED_DEFAULT``. With a pinned K, ``p_min`` stops a draft early when the draft model's top
-    probability falls below it (llama.cpp's ``--draft-p-min``).
+    probability falls below it (llama.cpp's ``--draft-p-min``). ``verifier``: how unseeded
+    sampling accepts drafts, ``block`` (block verification: the draft judged as a whole, at
+    least as many tokens accepted in expectation) or ``token`` (token-wise rejection
+    sampling); both are lossless. Greedy and seeded decoding have their own rules.
     """
 
     FIXED_DEFAULT = 16        # K when adaptive=False and draft_max is not given
@@ -148,6 +153,7 @@ class SpecConfig:
     adaptive: bool = True
     p_min: float = 0.0
     k_max: int = 32           # the longest draft the cost model may choose
+    verifier: str = "block"   # the acceptance rule for unseeded sampling: "block" or "token"
 
     def __post_init__(self) -> None:
         if self.drafter not in DRAFTERS:
@@ -158,6 +164,8 @@ class SpecConfig:
             _check_int("draft_max", self.draft_max, 0, lim, valid=f"an integer in [0, {lim}]")
         _check_real("p_min", self.p_min, 0.0, 1.0, valid="a number in [0, 1]")
         _check_int("k_max", self.k_max, 1, lim, valid=f"an integer in [1, {lim}]")
+        if self.verifier not in VERIFIERS:
+            raise InvalidParameterError("verifier", self.verifier, "'block' or 'token'")
 
     @staticmethod
     def default_drafter(has_draft_model: bool) -> DrafterKind:

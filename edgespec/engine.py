@@ -332,7 +332,8 @@ class Engine:
         if not self.can_speculate:
             return None
         return Speculation(drafter=lambda: self._drafter(sampling), draft=self.draft,
-                           head=self.draft_head, plain_cost=self._drafting.plain_pass_seconds)
+                           head=self.draft_head, plain_cost=self._drafting.plain_pass_seconds,
+                           verifier=self.spec.verifier)
 
     def _grammar(self, constraint: Optional[Constraint]) -> Optional[GrammarState]:
         """A constraint's state over the target's vocabulary, for one generation (the grammar

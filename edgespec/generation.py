@@ -142,7 +142,8 @@ class _Run:
                             rng=np.random.default_rng(req.sampling.seed),
                             max_new=req.max_tokens, drafter=self.drafter,
                             stats=self.stats.loop, should_stop=self.cancelled.is_set,
-                            constraint=req.grammar, logprobs=req.logprobs)
+                            constraint=req.grammar, logprobs=req.logprobs,
+                            verifier=req.speculation.verifier if req.speculation else "block")
         for step in self.steps:
             if not self.stats.first_token_seconds:
                 self.stats.first_token_seconds = time.perf_counter() - self.t0

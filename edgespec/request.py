@@ -24,13 +24,15 @@ if TYPE_CHECKING:
 class Speculation:
     """How one generation drafts, decided before it starts: the draft model to keep in step
     with the target (None: no draft model), its reduced output layer, the drafter (asked for
-    once the generation's turn comes: building one may calibrate), and the cost model's
-    seconds for a plain target pass (the speed-up's reference when no round was plain)."""
+    once the generation's turn comes: building one may calibrate), the cost model's
+    seconds for a plain target pass (the speed-up's reference when no round was plain), and
+    the acceptance rule for unseeded sampling (``SpecConfig.verifier``)."""
 
     drafter: Callable[[], Optional["Drafter"]]
     draft: Optional["LoadedModel"] = None
     head: Optional["ReducedHead"] = None
     plain_cost: Callable[[], Optional[float]] = lambda: None
+    verifier: str = "block"
 
 
 @dataclass(frozen=True)

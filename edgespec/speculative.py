@@ -15,6 +15,11 @@ With a grammar ``constraint`` every row's p and every draft step's q are masked 
 allowed set, so the output is the target's constrained distribution; tokens the grammar forces
 lead the draft with q = 1 (they cost no draft step), and a rejected suffix rolls the grammar
 back with the caches.
+
+Unseeded sampling verifies each draft with block verification (:func:`~edgespec.verify.
+verify_block`) unless ``verifier="token"`` asks for token-wise rejection sampling
+(:func:`~edgespec.verify.speculative_sampling`); both are lossless, block verification accepts
+at least as many tokens in expectation. Greedy and seeded decoding have their own rules.
 """
 
 from __future__ import annotations
@@ -25,11 +30,11 @@ from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 import numpy as np
 
-from .config import SamplingParams
+from .config import VERIFIERS, SamplingParams
 from .drafting import Draft, Drafter
 from .lm import LanguageModel
 from .sampling import log_probs, masked_argmax, warp
-from .verify import speculative_sampling, verify_greedy, verify_keyed
+from .verify import speculative_sampling, verify_block, verify_greedy, verify_keyed
 
 if TYPE_CHECKING:
     from .constraints import GrammarState
@@ -96,7 +101,7 @@ def decode(target: LanguageModel, context: list[int], *, params: SamplingParams,
            stats: Optional[LoopStats] = None,
            should_stop: Callable[[], bool] = lambda: False,
            constraint: Optional["GrammarState"] = None,
-           logprobs: Optional[int] = None) -> Iterator[Step]:
+           logprobs: Optional[int] = None, verifier: str = "block") -> Iterator[Step]:
     """Generate up to ``max_new`` tokens after ``context``.
 
     ``context`` is the committed token list (prompt + tokens generated so far) and is extended
@@ -109,7 +114,11 @@ def decode(target: LanguageModel, context: list[int], *, params: SamplingParams,
     without committing the round in progress. ``constraint``: a grammar's state after the
     committed context, advanced as tokens commit. ``logprobs``: give each step its log
     probability and this many alternatives, read from the verify pass's own rows.
+    ``verifier``: the rule for unseeded sampling, ``"block"`` (block verification) or
+    ``"token"`` (token-wise rejection sampling).
     """
+    if verifier not in VERIFIERS:
+        raise ValueError(f"verifier must be 'block' or 'token', not {verifier!r}")
     stats = stats if stats is not None else LoopStats()
     eog = target.vocab.eog
     n_vocab = target.n_vocab
@@ -153,8 +162,8 @@ def decode(target: LanguageModel, context: list[int], *, params: SamplingParams,
             masks = ([constraint.mask(d0 + i) for i in range(K + 1)] if constraint is not None
                      else [None] * (K + 1))
 
-            # 3. Accept: greedy match; rejection sampling (Algorithm 1); or, seeded, the match
-            #    of keyed samples. p is masked as q was.
+            # 3. Accept: greedy match; block verification or token-wise rejection sampling
+            #    (Algorithm 1); or, seeded, the match of keyed samples. p is masked as q was.
             if plain_greedy:
                 n, t = verify_greedy(x, rows.argmax(axis=1) if constraint is None else
                                      [masked_argmax(rows[i], masks[i]) for i in range(K + 1)])
@@ -165,6 +174,8 @@ def decode(target: LanguageModel, context: list[int], *, params: SamplingParams,
                 if keyed:
                     n, t = verify_keyed(x, p, lambda d, i: d.sample_keyed(params.seed,
                                                                         len(context) + i))
+                elif verifier == "block":
+                    n, t = verify_block(x, q, p, rng, n_vocab)
                 else:
                     n, t = speculative_sampling(x, q, p, rng, n_vocab)
             verify_seconds = time.perf_counter() - t0

@@ -1,9 +1,15 @@
-"""The acceptance rule, as pure functions over token ids and distributions.
+"""The acceptance rules, as pure functions over token ids and distributions.
 
 Names follow Leviathan, Kalman & Matias, "Fast Inference from Transformers via Speculative
 Decoding" (ICML 2023), Algorithm 1: the draft proposed ``x_1..x_K`` with probabilities
 ``q_i(x_i)``; the target's distributions after the committed prefix and each draft prefix are
 ``p_1..p_{K+1}``. Rows are 0-based here: ``q[i]`` and ``p[i]`` belong to ``x[i]``.
+
+Unseeded sampling has two lossless rules: token-wise rejection sampling
+(:func:`speculative_sampling`, Algorithm 1) and block verification (:func:`verify_block`; Sun,
+Mendlovic, Leviathan, Aharoni, Ro, Beirami & Suresh, "Block Verification Accelerates
+Speculative Decoding", ICLR 2025, Algorithm 2), which decides on the draft as a whole and
+accepts at least as many tokens in expectation.
 """
 
 from __future__ import annotations
@@ -75,3 +81,157 @@ def verify_keyed(x: Sequence[int], p: Callable[[int], Dist],
         if t != xi:
             return i, t
     return len(x), draw(p(len(x)), len(x))
+
+
+def _on_support(p: Dist, q: Dist) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+    """p's support (token ids; None: ``range(len(p.probs))``), p's probabilities there and q's
+    at the same ids. Outside p's support ``w·p − q`` is never positive, so the residual and its
+    mass only need these."""
+    ids, pv = p.ids, p.probs
+    if ids is None:
+        m = pv.size
+        if q.ids is None:
+            qv = q.probs[:m]
+            if qv.size < m:
+                qv = np.concatenate([qv, np.zeros(m - qv.size)])
+        else:
+            qv = np.zeros(m)
+            inside = q.ids < m
+            qv[q.ids[inside]] = q.probs[inside]
+        return None, pv, qv
+    if q.ids is None:
+        inside = ids < q.probs.size
+        qv = np.where(inside, q.probs[np.where(inside, ids, 0)], 0.0)
+        return ids, pv, qv
+    order = np.argsort(q.ids, kind="stable")
+    q_ids = q.ids[order]
+    at = np.minimum(np.searchsorted(q_ids, ids), q_ids.size - 1)
+    qv = np.where(q_ids[at] == ids, q.probs[order][at], 0.0)
+    return ids, pv, qv
+
+
+def _residual_terms(p: Dist, q: Dist, w: float) -> tuple[np.ndarray | None, np.ndarray]:
+    """``max(0, w·p − q)`` on p's support (ids as :func:`_on_support` gives them)."""
+    ids, pv, qv = _on_support(p, q)
+    r = np.multiply(pv, w)
+    np.subtract(r, qv, out=r)
+    np.maximum(r, 0.0, out=r)
+    return ids, r
+
+
+def _residual_mass(p: Dist, q: Dist, w: float) -> float:
+    """``Σ_y max(0, w·p(y) − q(y))``, aligned by token id. A dense p with a sparse q (the
+    draft's top-k against a target without cut-offs) needs only q's support: off it the terms
+    are ``w·p(y)``."""
+    if p.ids is None and q.ids is not None:
+        pv = p.probs
+        inside = q.ids < pv.size
+        p_s = pv[q.ids[inside]]
+        off = max(0.0, float(pv.sum()) - float(p_s.sum()))
+        return w * off + float(np.maximum(w * p_s - q.probs[inside], 0.0).sum())
+    return float(_residual_terms(p, q, w)[1].sum())
+
+
+def _weighted_residual(p: Dist, q: Dist, w: float) -> Dist:
+    """``normalize(max(0, w·p − q))``, aligned by token id.
+
+    A mass of (nearly) zero makes this an event of probability zero that rounding made
+    possible (the position's threshold is then 0 or 1); p itself stands in for it."""
+    ids, r = _residual_terms(p, q, w)
+    total = float(r.sum())
+    if total <= 1e-12:
+        return p
+    if ids is None:
+        return Dist(None, r / total)
+    nz = r > 0
+    return Dist(ids[nz], r[nz] / total)
+
+
+class _Block:
+    """Block verification's quantities for one draft, each computed when first asked for.
+
+    Weights (1-based like the paper): ``w_0 = 1``, ``w_i = min(1, w_{i-1} · p_i(x_i) /
+    q_i(x_i))``; they need rows ``0..K-1`` of p, all warped up front (the bonus row ``K``
+    only when the whole draft is accepted), except after a draft token the target excludes
+    (``p_i(x_i) = 0``): every later weight is 0 and those rows are never asked for."""
+
+    def __init__(self, x: Sequence[int], q: Sequence[Dist], p: Callable[[int], Dist]):
+        self.K, self.q, self.p = len(x), q, p
+        q_x = [q[i].prob(x[i]) for i in range(self.K)]
+        for xi, qi in zip(x, q_x):
+            if qi <= 0.0:
+                raise ValueError(f"draft token {xi} has q = 0: it cannot have been drawn from q")
+        self.rows = [p(0)]
+        self.w = [1.0]
+        for i in range(self.K):
+            w_i = min(1.0, self.w[i] * self.rows[i].prob(x[i]) / q_x[i])
+            self.w.append(w_i)
+            if w_i <= 0.0:          # no longer prefix can pass
+                break
+            if i + 1 < self.K:
+                self.rows.append(p(i + 1))
+
+    def weight(self, i: int) -> float:
+        return self.w[i] if i < len(self.w) else 0.0
+
+    def threshold(self, i: int) -> float:
+        """``h_i``, the probability that position ``i`` (1..K) passes: ``h_K = w_K``, and for
+        ``i < K`` ``h_i = r_i / (r_i + 1 − w_i)`` with ``r_i = Σ_y max(0, w_i · p_{i+1}(y) −
+        q_{i+1}(y))``; ``h_i = 1`` when ``w_i = 1`` (the denominator is 0 when ``r_i`` is).
+        Always ``h_i <= w_i``, since ``r_i <= w_i``."""
+        w_i = self.weight(i)
+        if i == self.K or w_i <= 0.0 or w_i >= 1.0:
+            return w_i
+        r_i = _residual_mass(self.rows[i], self.q[i], w_i)
+        return r_i / (r_i + (1.0 - w_i))
+
+    def correction(self, tau: int) -> Dist:
+        """The token after an accepted prefix of ``tau`` drafts: ``p_{K+1}`` (the bonus) when
+        ``tau == K``, else ``normalize(max(0, w_τ · p_{τ+1} − q_{τ+1}))`` (``w_0 = 1``:
+        Algorithm 1's residual)."""
+        while len(self.rows) <= tau:    # the bonus row, or rows past a cut (probability 0)
+            self.rows.append(self.p(len(self.rows)))
+        if tau == self.K:
+            return self.rows[tau]
+        return _weighted_residual(self.rows[tau], self.q[tau], self.weight(tau))
+
+
+def block_thresholds(x: Sequence[int], q: Sequence[Dist], p: Callable[[int], Dist]
+                     ) -> tuple[list[float], Callable[[int], Dist]]:
+    """Block verification's thresholds and corrections for one draft, all of them (for
+    analysis and tests; :func:`verify_block` computes only those its uniforms need).
+
+    Returns ``(h, correction)``: ``h[i]`` is the probability that position ``i + 1`` passes
+    (see :meth:`_Block.threshold`), ``correction(τ)`` the distribution of the token after an
+    accepted prefix of ``τ`` drafts. Raises ValueError for a draft token with ``q = 0``.
+    """
+    b = _Block(x, q, p)
+    return [b.threshold(i) for i in range(1, b.K + 1)], b.correction
+
+
+def verify_block(x: Sequence[int], q: Sequence[Dist], p: Callable[[int], Dist],
+                 rng: np.random.Generator, n_vocab: int) -> tuple[int, int]:
+    """Block verification (Sun et al., Algorithm 2), the optimal lossless rule for one draft.
+
+    Same contract as :func:`speculative_sampling` (``n_vocab`` is kept for it: rows align by
+    token id), except that it needs rows ``0..K-1`` of p (and row ``K`` for the bonus).
+    Returns ``(n, t)``: ``x[:n]`` are accepted, ``t`` is drawn from the correction after them.
+
+    Position ``i`` passes when ``η_i < h_i`` for independent ``η_i ~ U(0, 1)``, and ``n`` is
+    the *last* position that passed (0 if none): a failed position does not end the draft, a
+    later one may still accept the whole prefix. The positions are scanned from the last one
+    back and the scan stops at the first pass, which is the same ``n``; ``η_i >= w_i >= h_i``
+    fails without computing ``h_i``'s residual mass. Uniforms: one per position with a
+    non-zero weight, from position K down to the one that passes, then the token's.
+    """
+    b = _Block(x, q, p)
+    n = 0
+    for i in range(b.K, 0, -1):
+        w_i = b.weight(i)
+        if w_i <= 0.0:
+            continue
+        eta = rng.random()
+        if eta < w_i and eta < b.threshold(i):
+            n = i
+            break
+    return n, b.correction(n).sample(rng)

@@ -6,7 +6,9 @@
    three broken verifiers (negative controls), which proves it has the power to notice.
 2. Several positions: the real decoding loop with K in {1, 2, 4, 8}, a Markov target and a
    deliberately skewed Markov draft; each position's marginal and the joint of positions 1–2
-   must match the closed-form distribution of plain target sampling.
+   must match the closed-form distribution of plain target sampling. Unseeded runs go through
+   both acceptance rules (block verification and token-wise rejection sampling), and a broken
+   rule of either kind must fail the same test.
 """
 
 from __future__ import annotations
@@ -181,9 +183,10 @@ class _CountingModelDrafter(ModelDrafter):
         return out
 
 
-def run_loop(K, seed: int, kind: str = "model", keyed: bool = False):
+def run_loop(K, seed: int, kind: str = "model", keyed: bool = False, verifier: str = "block"):
     """N_RUNS generations; ``keyed``: run r is seeded with seed + r (noise keyed by position)
-    instead of drawing from one generator. ``kind="plain"``: no drafter."""
+    instead of drawing from one generator. ``kind="plain"``: no drafter. ``verifier``: the
+    acceptance rule of unseeded sampling."""
     target_logits, draft_logits = markov_pair()
     target, draft = MarkovLM(target_logits), MarkovLM(draft_logits)
     drafter = make_drafter(kind, draft, K) if kind != "plain" else None
@@ -200,7 +203,8 @@ def run_loop(K, seed: int, kind: str = "model", keyed: bool = False):
             drafter.rollback(0)
         run_params = params.replace(seed=seed + r) if keyed else params
         out = [s.token for s in decode(target, context, params=run_params, rng=rng,
-                                       max_new=N_NEW, drafter=drafter, stats=stats)]
+                                       max_new=N_NEW, drafter=drafter, stats=stats,
+                                       verifier=verifier)]
         seqs[r] = out
     return seqs, stats
 
@@ -225,10 +229,14 @@ def check_matches_plain(seqs):
     assert max(ratios) < 1, f"TV / noise bound per position (last: joint of 1-2): {ratios}"
 
 
+VERIFIERS = ["block", "token"]
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("verifier", VERIFIERS)
 @pytest.mark.parametrize("K", [1, 2, 4, 8, "adaptive"])
-def test_multi_position_loop_matches_plain_sampling(K):
-    seqs, stats = run_loop(K, seed=100 + (K if isinstance(K, int) else 50))
+def test_multi_position_loop_matches_plain_sampling(K, verifier):
+    seqs, stats = run_loop(K, seed=100 + (K if isinstance(K, int) else 50), verifier=verifier)
     assert stats.drafted > 0 and 0 < stats.accepted < stats.drafted  # rejections did happen
     if K == "adaptive":
         assert len(set(stats.tested_at)) > 1      # the draft length really varied
@@ -236,10 +244,11 @@ def test_multi_position_loop_matches_plain_sampling(K):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("verifier", VERIFIERS)
 @pytest.mark.parametrize("kind,K", [("ngram", 4), ("hybrid", 4), ("hybrid", "hybrid-adaptive"),
                                     ("hybrid-extend", 6)])
-def test_multi_position_other_drafters_match_plain_sampling(kind, K):
-    seqs, stats = run_loop(K, seed=7 + len(kind), kind=kind)
+def test_multi_position_other_drafters_match_plain_sampling(kind, K, verifier):
+    seqs, stats = run_loop(K, seed=7 + len(kind), kind=kind, verifier=verifier)
     assert stats.drafted > 0 and 0 < stats.accepted < stats.drafted
     if kind == "hybrid-extend":     # model drafts that an n-gram match continued
         assert run_loop.drafter.model.extended_rounds > 1000
@@ -261,9 +270,10 @@ def test_seeded_sampling_is_lossless_and_independent_of_the_drafts(kind, K):
 
 
 @pytest.mark.slow
-def test_a_draft_cut_by_its_confidence_stays_lossless():
+@pytest.mark.parametrize("verifier", VERIFIERS)
+def test_a_draft_cut_by_its_confidence_stays_lossless(verifier):
     """The stop rule may look at q (the draft's confidence) before the token is drawn."""
-    seqs, stats = run_loop(4, seed=21, kind="model-p-min")
+    seqs, stats = run_loop(4, seed=21, kind="model-p-min", verifier=verifier)
     assert 0 < stats.drafted < 0.9 * 4 * stats.rounds           # the gate did cut drafts
     check_matches_plain(seqs)
 
@@ -277,12 +287,38 @@ def test_a_draft_cut_on_the_drawn_token_is_caught():
 
 
 @pytest.mark.slow
-def test_multi_position_negative_control_fails(monkeypatch):
+@pytest.mark.parametrize("verifier,rule", [("block", "verify_block"),
+                                           ("token", "speculative_sampling")])
+def test_multi_position_negative_control_fails(monkeypatch, verifier, rule):
     """Accepting every draft token emits the skewed draft's distribution: the test sees it."""
     import edgespec.speculative as spec
-    monkeypatch.setattr(spec, "speculative_sampling",
+    monkeypatch.setattr(spec, rule,
                         lambda x, q, p, rng, n_vocab: (len(x), p(len(x)).sample(rng)))
-    seqs, _ = run_loop(4, seed=7)
+    seqs, _ = run_loop(4, seed=7, verifier=verifier)
     marginals, _ = exact_marginals(markov_pair()[0], start=2, n=N_NEW)
     counts = np.bincount(seqs[:, 1], minlength=VM)
     assert tv(counts, marginals[1]) > 3 * noise_bound(marginals[1], N_RUNS)
+
+
+def _first_failure_block_rule(x, q, p, rng, n_vocab):
+    """Broken on purpose: block verification's thresholds and weighted residuals, but the draft
+    ends at the first position that fails (token-wise style) instead of at the last one that
+    passes."""
+    h, correction = verify.block_thresholds(x, q, p)
+    n = 0
+    while n < len(h) and rng.random() < h[n]:
+        n += 1
+    return n, correction(n).sample(rng)
+
+
+@pytest.mark.slow
+def test_a_broken_block_rule_fails_the_same_test(monkeypatch):
+    """Negative control for block verification: the same multi-position test catches a block
+    rule that stops at the first failure. (Its subtler mutant, the residual not weighted by the
+    accepted prefix, moves these marginals by less than this test's noise — 0.54 of the bound
+    when tried — and is caught by the exact check in tests/test_block_verify.py.)"""
+    import edgespec.speculative as spec
+    monkeypatch.setattr(spec, "verify_block", _first_failure_block_rule)
+    seqs, _ = run_loop(4, seed=100 + 4, verifier="block")
+    ratios = tv_over_noise(seqs)
+    assert max(ratios) > 3, f"the broken block rule passed: TV / noise bound {ratios}"

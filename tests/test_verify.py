@@ -1,10 +1,12 @@
-"""The acceptance rule on hand-made distributions (deterministic cases)."""
+"""The acceptance rules on hand-made distributions (deterministic cases)."""
 
 import numpy as np
 import pytest
 
+from edgespec.config import SpecConfig
+from edgespec.errors import InvalidParameterError
 from edgespec.sampling import Dist, residual
-from edgespec.verify import speculative_sampling, verify_greedy
+from edgespec.verify import block_thresholds, speculative_sampling, verify_block, verify_greedy
 
 
 def dense(*probs):
@@ -112,3 +114,138 @@ def test_residual_aligns_sparse_supports_by_token_id():
 def test_residual_of_equal_distributions_falls_back_to_p():
     p = dense(0.25, 0.75)
     assert residual(p, dense(0.25, 0.75), 2) is p
+
+
+# --- block verification (tests/test_block_verify.py proves it lossless exactly) -------------
+
+def rows(*dists):
+    return lambda i: dists[i]
+
+
+def test_block_equal_distributions_accept_everything_and_take_the_bonus():
+    p = [dense(0.5, 0.5, 0), dense(0.2, 0.8, 0), dense(0, 0, 1)]
+    q = [dense(0.5, 0.5, 0), dense(0.2, 0.8, 0)]
+    # w = 1 and r = 0: the threshold's denominator is 0 and the position passes for sure.
+    assert block_thresholds([0, 1], q, rows(*p))[0] == [1.0, 1.0]
+    assert verify_block([0, 1], q, rows(*p), FixedRng(0.99, 0.5), 3) == (2, 2)
+
+
+def test_block_a_failed_position_does_not_end_the_draft():
+    # x1 = 1: w1 = 0.3/0.6 = 1/2. x2 = 0: w2 = min(1, 1/2 · 0.6/0.2) = 1.
+    # r1 = sum max(0, w1·p2 − q2) = 0.1, h1 = 0.1 / (0.1 + 1/2) = 1/6; h2 = w2 = 1.
+    p = [dense(0.5, 0.3, 0.2), dense(0.6, 0.2, 0.2), dense(0, 0, 1)]
+    q = [dense(0.2, 0.6, 0.2), dense(0.2, 0.2, 0.6)]
+    h, _ = block_thresholds([1, 0], q, rows(*p))
+    assert h == pytest.approx([1 / 6, 1.0])
+    # Position 2 passes for sure, so both drafts are accepted whatever position 1's uniform
+    # (the scan runs from the last position back and stops at the first pass), and the bonus
+    # follows. The token-wise rule rejects x1 half of the time (here with u = 0.9).
+    assert verify_block([1, 0], q, rows(*p), FixedRng(0.999, 0.5), 3) == (2, 2)
+    assert speculative_sampling([1, 0], q, rows(*p), FixedRng(0.9, 0.0), 3) == (0, 0)
+
+
+def test_block_residual_is_weighted_by_the_accepted_prefix():
+    # w1 = 1/2, w2 = 1/2 · 0.1/0.6 = 1/12; r1 = max(0, 0.25 − 0.2) = 0.05, h1 = 0.05/0.55.
+    p = [dense(0.5, 0.3, 0.2), dense(0.5, 0.4, 0.1), dense(1, 0, 0)]
+    q = [dense(0.2, 0.6, 0.2), dense(0.2, 0.2, 0.6)]
+    h, correction = block_thresholds([1, 2], q, rows(*p))
+    assert h == pytest.approx([1 / 11, 1 / 12])
+    # After x1 only: normalize(max(0, w1·p2 − q2)) = (1, 0, 0), not Algorithm 1's
+    # normalize(max(0, p2 − q2)) = (0.6, 0.4, 0).
+    assert correction(1).dense(3) == pytest.approx([1.0, 0.0, 0.0])
+    assert correction(0).dense(3) == pytest.approx(residual(p[0], q[0], 3).dense(3))
+    # Uniforms from the last position back: η2 = 0.5 fails, η1 = 0.05 passes, u = 0.9.
+    assert verify_block([1, 2], q, rows(*p), FixedRng(0.5, 0.05, 0.9), 3) == (1, 0)
+    assert verify_block([1, 2], q, rows(*p), FixedRng(0.5, 0.1, 0.9), 3) == (0, 0)
+
+
+def test_block_one_hot_q_has_the_closed_form_threshold():
+    # An n-gram draft: w_i = prod p_j(x_j) and r_i = w_i · (1 − p_{i+1}(x_{i+1})).
+    p = [dense(0.2, 0.7, 0.1), dense(0.5, 0.1, 0.4), dense(0.3, 0.3, 0.4), dense(1, 0, 0)]
+    x = [1, 2, 0]
+    h, _ = block_thresholds(x, [Dist.one_hot(t) for t in x], rows(*p))
+    w1, w2 = 0.7, 0.7 * 0.4
+    r1, r2 = w1 * (1 - 0.4), w2 * (1 - 0.3)
+    assert h == pytest.approx([r1 / (r1 + 1 - w1), r2 / (r2 + 1 - w2), w2 * 0.3])
+
+
+def test_block_draft_token_with_q_zero_is_refused():
+    with pytest.raises(ValueError, match="q = 0"):
+        verify_block([1], [dense(1.0, 0.0)], lambda i: dense(0.5, 0.5), FixedRng(0.1), 2)
+    with pytest.raises(ValueError, match="q = 0"):      # at a later position too
+        verify_block([0, 1], [dense(1.0, 0.0), Dist.one_hot(0)], lambda i: dense(0.5, 0.5),
+                     FixedRng(0.1), 2)
+
+
+def test_block_rows_after_a_token_the_target_excludes_are_never_warped():
+    asked = []
+    p = [dense(1.0, 0.0), dense(0.5, 0.5), dense(0.5, 0.5), dense(0.5, 0.5)]
+
+    def p_of(i):
+        asked.append(i)
+        return p[i]
+    # p(x1) = 0: every later weight and threshold is 0; no uniform is drawn for them, and the
+    # token comes from normalize(max(0, p1 − q1)) = token 0.
+    q = [dense(0.5, 0.5)] * 3
+    assert verify_block([1, 1, 1], q, p_of, FixedRng(0.7), 2) == (0, 0)
+    assert asked == [0]
+
+
+def test_block_without_drafts_is_plain_sampling():
+    assert verify_block([], [], rows(dense(0.2, 0.8)), FixedRng(0.1), 2) == (0, 0)
+    assert verify_block([], [], rows(dense(0.2, 0.8)), FixedRng(0.3), 2) == (0, 1)
+
+
+def test_block_with_one_draft_is_the_token_wise_rule():
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        p0, p1, q0 = (Dist(None, rng.dirichlet(np.ones(4))) for _ in range(3))
+        x = [q0.sample(rng)]
+        u = list(rng.random(3))
+        assert verify_block(x, [q0], rows(p0, p1), FixedRng(*u), 4) == \
+            speculative_sampling(x, [q0], rows(p0, p1), FixedRng(*u), 4)
+
+
+def test_block_aligns_sparse_and_dense_rows_by_token_id():
+    rng = np.random.default_rng(11)
+    V = 12
+    for _ in range(50):
+        arrays = []
+        for _ in range(7):
+            a = rng.dirichlet(np.full(V, 0.5))
+            a[rng.choice(V, 5, replace=False)] = 0.0
+            arrays.append(a / a.sum())
+        P, Q = arrays[:4], arrays[4:]
+        x = [int(rng.choice(V, p=qa)) for qa in Q]
+
+        def sparse(a):
+            ids = rng.permutation(np.flatnonzero(a))     # any order, as warp leaves them
+            return Dist(ids, a[ids])
+
+        def short(a):                                    # dense, the zero tail cut off
+            return Dist(None, a[: np.flatnonzero(a)[-1] + 1])
+        ref_h, ref_c = block_thresholds(x, [Dist(None, a) for a in Q],
+                                        rows(*[Dist(None, a) for a in P]))
+        for fp, fq in [(sparse, sparse), (sparse, short), (short, sparse), (short, short)]:
+            h, c = block_thresholds(x, [fq(a) for a in Q], rows(*[fp(a) for a in P]))
+            assert h == pytest.approx(ref_h, abs=1e-15)
+            for n in range(4):
+                assert c(n).dense(V) == pytest.approx(ref_c(n).dense(V), abs=1e-15)
+
+
+def test_spec_config_names_its_verifier():
+    assert SpecConfig().verifier == "block"
+    assert SpecConfig(verifier="token").verifier == "token"
+    with pytest.raises(InvalidParameterError, match="verifier='tokens' is invalid.*'block' or"):
+        SpecConfig(verifier="tokens")
+
+
+def test_decode_refuses_an_unknown_verifier():
+    from edgespec.config import SamplingParams
+    from edgespec.speculative import decode
+    from markov import MarkovLM
+    target = MarkovLM(np.zeros((4, 4)))
+    target.eval([1], 0)
+    with pytest.raises(ValueError, match="verifier must be 'block' or 'token'"):
+        next(decode(target, [1, 2], params=SamplingParams(), rng=np.random.default_rng(0),
+                    max_new=2, verifier="tokens"))
