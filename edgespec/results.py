@@ -152,7 +152,8 @@ class GenerationStats:
 
     def summary(self, detail: bool = False) -> str:
         """One line for people: speed, acceptance, tokens per target pass; with ``detail``
-        also the time, the prompt and the share of time outside llama.cpp."""
+        also the time, the prompt (its evaluation speed), the time to the first token and the
+        share of time outside llama.cpp."""
         parts = [f"{self.tokens_per_second:.1f} tok/s"]
         if self.speculative:
             parts.append(f"acceptance {self.acceptance_rate:.0%} ({self.accepted}/"
@@ -171,8 +172,10 @@ class GenerationStats:
         head = self.head_seconds / d if d else 0.0
         return " · ".join(
             [f"{self.completion_tokens} tokens in {d:.2f} s", *parts,
-             f"prompt {self.prompt_tokens} tokens ({self.prompt_tokens_evaluated} evaluated, "
+             f"prompt {self.prompt_tokens} tokens ({self.prompt_tokens_evaluated} evaluated at "
              f"{self.prompt_tokens_per_second:.0f} tok/s)",
+             *([f"first token after {self.first_token_seconds:.2f} s"]
+               if self.first_token_seconds else []),
              f"outside llama.cpp {outside:.1%}" +
              (f" (draft head {head:.1%}, the rest {self.python_share:.1%})" if head else "")])
 

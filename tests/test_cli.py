@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -96,6 +97,9 @@ def test_run_json(smollm2_f32_path, smollm2_q4_path):
     assert s["speculative"] is True and s["completion_tokens"] == 16
     assert 0 <= s["accepted"] <= s["drafted"] and 0 <= s["acceptance_rate"] <= 1
     assert s["target_passes"] + s["accepted"] == 16 and s["tokens_per_second"] > 0
+    # time to first token: from the prompt's processing to the first token, inside the turn
+    assert 0 < s["first_token_seconds"] <= s["prompt_seconds"] + s["decode_seconds"]
+    assert s["prompt_tokens_evaluated"] > 0 and s["prompt_tokens_per_second"] > 0
 
 
 def test_run_streams_text_and_stats(smollm2_f32_path, smollm2_q4_path):
@@ -105,6 +109,9 @@ def test_run_streams_text_and_stats(smollm2_f32_path, smollm2_q4_path):
     assert proc.returncode == 0, proc.stderr
     assert "Paris" in proc.stdout
     assert "tok/s" in proc.stderr and "acceptance" in proc.stderr
+    # the summary line says how fast the prompt went and when the first token came
+    assert re.search(r"prompt \d+ tokens \(\d+ evaluated at \d+ tok/s\)", proc.stderr)
+    assert re.search(r"first token after \d+\.\d\d s", proc.stderr)
 
 
 def test_run_completes_as_is_with_a_model_that_has_no_chat_template(gemma_q4_path):

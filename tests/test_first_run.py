@@ -73,6 +73,11 @@ def test_loading_and_calibrating_show_a_changing_line(tmp_path, smollm2_f32_path
     (["bench", "-n", "0"], "--max-tokens 0 is invalid"),
     (["bench", "--repeats", "0"], "--repeats 0 is invalid"),
     (["bench", "--ks", "2,0"], "--ks 2,0 is invalid"),
+    (["bench", "--prompt-lengths", "100,x"], "--prompt-lengths must be comma-separated"),
+    (["bench", "--prompt-lengths", "0"], "--prompt-lengths 0 is invalid"),
+    (["bench", "--prompt-lengths", "3000", "--new-tokens", "512", "--ctx-size", "2048"],
+     "needs a context of 3512 tokens, more than --ctx-size 2048: load with a larger context "
+     "(--ctx-size 4096)"),
     (["calibrate", "--threads", "-1"], "--threads -1 is invalid"),
 ])
 def test_bad_numbers_are_refused_before_any_model_loads(tmp_path, args, fragment):

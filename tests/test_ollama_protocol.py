@@ -369,8 +369,8 @@ def result(text="Paris.", finish="stop", tool_calls=(), logprobs=None) -> Genera
     loop = LoopStats()
     loop.drafted, loop.accepted, loop.target_passes = 10, 8, 4
     stats = GenerationStats(prompt_tokens=30, prompt_tokens_evaluated=12, completion_tokens=9,
-                            prompt_seconds=0.25, decode_seconds=1.5, speculative=True,
-                            target_threads=4, draft_threads=4, loop=loop)
+                            prompt_seconds=0.25, first_token_seconds=0.3, decode_seconds=1.5,
+                            speculative=True, target_threads=4, draft_threads=4, loop=loop)
     return Generation(text, list(range(9)), finish, stats, list(tool_calls), logprobs)
 
 
@@ -398,6 +398,8 @@ def test_chat_stream_chunks_and_final():
     assert (parsed.eval_count, parsed.eval_duration) == (9, 1_500_000_000)
     assert final["prompt_eval_cached_count"] == 18
     assert final["edgespec"]["drafted"] == 10 and final["edgespec"]["accepted"] == 8
+    assert final["edgespec"]["first_token_seconds"] == 0.3
+    assert final["edgespec"]["prompt_tokens_per_second"] == 48.0        # 12 tokens in 0.25 s
     for value in final.values():
         assert not isinstance(value, float)
 

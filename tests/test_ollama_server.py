@@ -172,6 +172,10 @@ def test_chat_whole_and_streamed(client, server):
     spec = body["edgespec"]
     assert spec["speculative"] is True and spec["drafted"] > 0
     assert 0 <= spec["accepted"] <= spec["drafted"] and spec["target_passes"] >= 1
+    # time to first token and prompt speed, within the durations Ollama's figures give
+    seconds = (body["prompt_eval_duration"] + body["eval_duration"]) / 1e9
+    assert 0 < spec["first_token_seconds"] <= seconds + 1e-4
+    assert spec["prompt_tokens_per_second"] > 0
     streamed = post_raw(server.port, "/api/chat", {"model": SERVED, "messages": CHAT,
                                                    "options": greedy(24)})
     assert set(streamed[-1]["edgespec"]) == set(spec)
@@ -364,16 +368,17 @@ def total(samples: dict, name: str, **labels) -> float:
 def test_metrics_add_up(server, client):
     port = server.port
     before = scrape(port)
-    figures = []      # (completion, prompt, drafted, accepted) of each generation
+    figures = []      # (completion, prompt, drafted, accepted, first token s) of each
     opt = greedy(12)
 
     def ollama_figures(obj):
         figures.append((obj["eval_count"], obj["prompt_eval_count"],
-                        obj["edgespec"]["drafted"], obj["edgespec"]["accepted"]))
+                        obj["edgespec"]["drafted"], obj["edgespec"]["accepted"],
+                        obj["edgespec"]["first_token_seconds"]))
 
     def openai_figures(usage, spec):
         figures.append((usage["completion_tokens"], usage["prompt_tokens"], spec["drafted"],
-                        spec["accepted"]))
+                        spec["accepted"], spec["first_token_seconds"]))
 
     ollama_figures(post_raw(port, "/api/chat", {"model": SERVED, "messages": CHAT,
                                                 "options": opt, "stream": False})[0])
@@ -421,6 +426,10 @@ def test_metrics_add_up(server, client):
     assert delta("edgespec_generations_total", endpoint="/v1/completions") == 1
     assert delta("edgespec_time_to_first_token_seconds_count", **model) == n
     assert delta("edgespec_time_to_first_token_seconds_sum", **model) > 0
+    # the histogram's time counts from the request's arrival, the responses' from the turn
+    assert all(f[4] > 0 for f in figures)
+    assert delta("edgespec_time_to_first_token_seconds_sum", **model) >= \
+        sum(f[4] for f in figures) - n * 1e-4
     assert delta("edgespec_prompt_tokens_evaluated_total", **model) <= \
         delta("edgespec_prompt_tokens_total", **model)
     requests = {(ep, st): delta("edgespec_requests_total", endpoint=ep, status=st)

@@ -84,6 +84,7 @@ def test_chat(client, model):
     spec = r.model_extra["edgespec"]
     assert spec["speculative"] is True and spec["drafted"] > 0
     assert 0 <= spec["acceptance_rate"] <= 1 and spec["target_passes"] >= 1
+    assert spec["first_token_seconds"] > 0 and spec["prompt_tokens_per_second"] > 0
 
 
 def test_a_stream_tells_each_tokens_source_and_each_round(client, model):

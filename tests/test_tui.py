@@ -204,6 +204,12 @@ def test_each_turn_evaluates_only_its_new_tokens_on_both_models(chat, engine):
     chat.lines("Name a colour.")
     first = chat.session.last.generation.stats
     assert first.prompt_tokens_evaluated > 0
+    assert 0 < first.first_token_seconds <= first.prompt_seconds + first.decode_seconds
+    assert first.prompt_tokens_per_second > 0
+    out, _ = chat.lines("/stats")       # the last answer's prompt speed and first token
+    (last,) = [ln for ln in out.splitlines() if ln.startswith("last answer: ")]
+    assert f"({first.prompt_tokens_evaluated} evaluated at " in last
+    assert f"first token after {first.first_token_seconds:.2f} s" in last
     target_cache, draft_cache = list(engine.target.tokens), list(engine.draft.tokens)
     previous_prompt = engine.prompt_tokens(chat.session.conversation.for_model()[:-1])
 

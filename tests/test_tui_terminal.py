@@ -147,7 +147,8 @@ def test_piped_lines_are_messages_and_commands():
     out = proc.stdout.splitlines()
     assert out[0] == "temperature = 0"
     assert "4" in out[1]
-    assert any(line.startswith("last answer: [") for line in out)
+    (last,) = [line for line in out if line.startswith("last answer: [")]
+    assert "evaluated at" in last and "first token after" in last
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert errors == ["error: unknown command /nope; commands are /help /reset /system /set "
                       "/spec /format /stats /save /load /colors /exit"]

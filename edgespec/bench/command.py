@@ -10,10 +10,16 @@ from ..constraints import Constraint
 from .prompts import EXTRACT_SCHEMA, PROMPT_SETS
 from .report import format_report, plot, require_pyplot
 from .load import format_load_report, run_load_bench
+from .long_prompts import format_long_prompt_report, run_long_prompt_bench
 from .runner import run_bench
 
 
 def cmd_bench(args) -> int:
+    if args.prompt_lengths is not None:
+        return cmd_long_prompts(args)
+    if args.new_tokens is not None:
+        raise UsageError("--new-tokens goes with --prompt-lengths (the other modes take "
+                         "--max-tokens)")
     sampling = SamplingParams(temperature=args.temperature, seed=args.seed)
     try:
         ks = [int(k) for k in args.ks.split(",") if k]
@@ -54,6 +60,54 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def int_list(value: str, option: str) -> list[int]:
+    """``"100,500"`` as ``[100, 500]`` (each once, in order); positive integers only."""
+    try:
+        values = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"{option} must be comma-separated integers, got {value!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise UsageError(f"{option} {value} is invalid: it must be integers >= 1")
+    return list(dict.fromkeys(values))
+
+
+def cmd_long_prompts(args) -> int:
+    """``edgespec bench --prompt-lengths``: plain against speculative as prompts grow."""
+    lengths = int_list(args.prompt_lengths, "--prompt-lengths")
+    news = int_list(args.new_tokens or "96,256,512", "--new-tokens")
+    for option, used in (("--load", args.load), ("--plot", args.plot),
+                         ("--prompts", args.prompts != "default")):
+        if used:
+            raise UsageError(f"{option} does not apply to --prompt-lengths (it makes its own "
+                             "prompts and compares plain with speculative decoding)")
+    need = max(lengths) + max(news)
+    if need > args.ctx_size:      # refused before any model loads
+        raise UsageError(f"--prompt-lengths {max(lengths)} with --new-tokens {max(news)} "
+                         f"needs a context of {need} tokens, more than --ctx-size "
+                         f"{args.ctx_size}: load with a larger context (--ctx-size "
+                         f"{-(-need // 1024) * 1024})")
+    sampling = SamplingParams(temperature=args.temperature, seed=args.seed)
+    with load_engine(args) as eng:
+        raw = args.raw or eng.template.is_fallback
+        log = (lambda s: None) if args.json else status
+        if raw:
+            mode = ("raw mode: each prompt is continued as-is ("
+                    + ("--raw" if args.raw else "the model has no chat template") + ")")
+        else:
+            mode = ("chat mode: each passage is the system prompt, the instruction the "
+                    "user's message, in the model's chat template")
+        log(f"target {eng.target.path.name}, draft "
+            f"{eng.draft.path.name if eng.draft else '-'}, backend {eng.info()['backend']}, "
+            f"prompts of {', '.join(map(str, lengths))} tokens, answers of "
+            f"{', '.join(map(str, news))} tokens, {mode}")
+        res = run_long_prompt_bench(eng, prompt_lengths=lengths, new_tokens=news, raw=raw,
+                                    sampling=sampling, repeats=args.repeats, log=log)
+        res.update(prompt_mode="raw" if raw else "chat", target=eng.target.path.name,
+                   draft=eng.draft.path.name if eng.draft else None)
+    print(json.dumps(res) if args.json else format_long_prompt_report(res) + f"\n{mode}")
+    return 0
+
+
 def prompt_mode(raw: bool, asked: bool) -> str:
     """How the bench sends its prompts, in words."""
     if not raw:
@@ -79,6 +133,13 @@ def build_bench_parser(sub) -> None:
     p.add_argument("--load", type=int, default=0, metavar="N",
                    help="compare an idle machine with N busy processes (started and ended "
                         "by the bench), for every thread setting, plain and speculative")
+    p.add_argument("--prompt-lengths", metavar="L[,L…]",
+                   help="sweep prompt length instead: prompts of these many tokens (passages "
+                        "of Python's documentation), each decoded plainly and speculatively "
+                        "from cold caches; time to first token, decoding speed and the whole "
+                        "answer's time, side by side")
+    p.add_argument("--new-tokens", metavar="N[,N…]",
+                   help="with --prompt-lengths: the answer lengths (default 96,256,512)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="draw speedup against draft length")
     add_model_args(p)

@@ -33,7 +33,12 @@ edgespec                                                 llama-server (``--metri
 =======================================================  =========================================
 
 Histograms (label ``model``): ``edgespec_time_to_first_token_seconds`` and
-``edgespec_inter_token_latency_seconds`` (the gaps between streamed tokens' arrival).
+``edgespec_inter_token_latency_seconds`` (the gaps between streamed tokens' arrival). The time
+to first token is the client's: from the request's arrival, so reading its body, loading the
+model, waiting for the Engine's turn and evaluating the prompt are in it. A response's own
+``edgespec.first_token_seconds`` (:attr:`~edgespec.results.GenerationStats.first_token_seconds`)
+counts from the generation's turn only: prompt evaluation and the first step, the part the
+Engine's settings change.
 Requests (:meth:`Metrics.request`): ``edgespec_requests_total{endpoint,status}`` and the
 gauge ``edgespec_requests_in_flight{endpoint}``.
 
@@ -69,7 +74,8 @@ PREFIX = "edgespec_"
 # Inter-token gaps: 1 ms (a run of accepted drafts) to 2 s (a slow CPU's plain pass).
 TOKEN_GAP_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0,
                      float("inf"))
-# Time to first token: queueing and prompt evaluation included.
+# Time to first token, from the request's arrival: model loading, queueing and prompt
+# evaluation included.
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
                 float("inf"))
 
@@ -164,7 +170,8 @@ class Metrics:
                                     "token at this position (0-based) was accepted.",
                                     ("model", "position"))
         self._ttft = Histogram(PREFIX + "time_to_first_token_seconds", "Seconds from a "
-                               "request to its first generated token.", ("model",),
+                               "request's arrival to its first generated token (model "
+                               "loading, queueing and prompt evaluation included).", ("model",),
                                buckets=TTFT_BUCKETS, registry=r)
         self._token_gap = Histogram(PREFIX + "inter_token_latency_seconds", "Seconds between "
                                     "streamed tokens' arrival.", ("model",),

@@ -129,15 +129,20 @@ def usage(stats) -> dict:
 
 
 def speculation(stats) -> dict:
-    """The edgespec field of every response: how speculation did on this request.
-    ``speedup`` is None until the run gives evidence for one (GenerationStats.speedup_estimate);
-    ``draft_length``: tokens drafted per round that drafted."""
+    """The edgespec field of every response: how speculation did on this request, and how long
+    its prompt took. ``speedup`` is None until the run gives evidence for one
+    (GenerationStats.speedup_estimate); ``draft_length``: tokens drafted per round that
+    drafted; ``first_token_seconds``: from the generation's turn (prompt processing) to its
+    first token (0: none came); ``prompt_tokens_per_second``: prompt evaluation speed (of the
+    tokens not found in a cache)."""
     drafting = stats.loop.rounds - stats.loop.plain_passes
     return {"speculative": stats.speculative, "drafted": stats.drafted,
             "accepted": stats.accepted, "acceptance_rate": round(stats.acceptance_rate, 4),
             "target_passes": stats.target_passes,
             "tokens_per_pass": round(stats.tokens_per_pass, 3),
             "tokens_per_second": round(stats.tokens_per_second, 2),
+            "first_token_seconds": round(stats.first_token_seconds, 4),
+            "prompt_tokens_per_second": round(stats.prompt_tokens_per_second, 2),
             "prompt_tokens_restored": stats.prompt_tokens_restored,
             "draft_length": round(stats.drafted / drafting, 3) if drafting else None,
             "tested_at": list(stats.tested_at), "accepted_at": list(stats.accepted_at),
