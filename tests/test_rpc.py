@@ -109,7 +109,8 @@ def test_a_worker_serves_quantised_weights_on_any_cpu(workers, gemma_q4_path):
 def test_sampled_output_through_a_worker_has_the_targets_distribution(
         workers, smollm2_f32_path, smollm2_q2k_path):
     """The joint of the first two sampled tokens through RPC, with the local draft drafting
-    both, against the exact joint computed from the target's logits (top-k 4, T = 1.5 so
+    the second (the first round is the target's alone: the first token never waits for the
+    draft), against the exact joint computed from the target's logits (top-k 4, T = 1.5 so
     that the draft is often rejected)."""
     params = SamplingParams(temperature=1.5, top_k=4, top_p=1.0, min_p=0.0)
     prompt = "Once upon a time"
@@ -131,10 +132,10 @@ def test_sampled_output_through_a_worker_has_the_targets_distribution(
         counts = dict.fromkeys(joint, 0)
         drafted = rejected = 0
         for seed in range(n):
-            out = eng.generate(prompt, max_tokens=2, sampling=replace(params, seed=seed),
+            out = eng.generate(prompt, max_tokens=3, sampling=replace(params, seed=seed),
                                raw=True)
-            assert len(out.tokens) == 2
-            counts[tuple(out.tokens)] += 1
+            assert len(out.tokens) >= 2
+            counts[tuple(out.tokens[:2])] += 1
             drafted += out.stats.drafted
             rejected += out.stats.drafted - out.stats.accepted
     keys = sorted(joint)
