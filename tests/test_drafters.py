@@ -212,6 +212,7 @@ def test_hybrid_decodes_plainly_when_the_draft_lags_too_far_to_catch_up():
     no_match = list(range(100, 400))
 
     model.model.eval(no_match[:100], 0)                        # 199 tokens behind: 2 s
+    hyb.begin(no_match, len(no_match) + 8)                     # for an 8-token answer
     hyb.plan()
     d = hyb.draft(no_match, 8, GREEDY, rng, NEVER)
     assert d.x == [] and d.source == "none"

@@ -66,8 +66,11 @@ class HybridDrafter:
             self._miss_start = len(context)
         if k_model > 0 and self.model.behind(context):
             # The model catches up (a chunk when that pays, never on the first round) while
-            # the n-gram drafts, or the round is plain.
-            caught = self.model.catch_up(context, self._catch_up_pays(context)).caught_up
+            # the n-gram drafts, or the round is plain. While the n-gram matches, catching up
+            # must pay before its next miss; without a match the model judges for itself over
+            # the rest of the answer (and may read a long prompt through a window).
+            worth = self._catch_up_pays(context) if d.x else None
+            caught = self.model.catch_up(context, worth).caught_up
             if not d.x:
                 d = Draft()
             d.caught_up = caught
