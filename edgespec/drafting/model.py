@@ -212,7 +212,7 @@ class ModelDrafter:
             self._first = False
         elif worth if worth is not None else self.catch_up_worth(context):
             n = len(self.model.tokens)
-            chunk = self._view(context)[n:n + self.CATCH_UP_CHUNK]
+            chunk = list(self._view(context)[n:n + self.CATCH_UP_CHUNK])
             self.model.eval(chunk, 0)
             self._measure_catch_up(len(chunk), time.perf_counter() - t0)
             d.caught_up = len(chunk)
@@ -263,14 +263,16 @@ class ModelDrafter:
         a = max(n, self.HEAD)
         for w, keep in self.WINDOWS:
             b = size - w
-            if b - a > self.CATCH_UP_CHUNK and net(a - n + w, keep) > best:
-                best, choice = net(a - n + w, keep), (a, b)
+            if b - a > self.CATCH_UP_CHUNK:
+                value = net(a - n + w, keep)
+                if value > best:
+                    best, choice = value, (a, b)
         self._skip = choice
 
-    def _view(self, context: Sequence[int]) -> list[int]:
+    def _view(self, context: Sequence[int]) -> Sequence[int]:
         """The context as the draft reads it (all of it, or the window chosen)."""
         if self._skip is None:
-            return list(context)
+            return context
         a, b = self._skip
         return list(context[:a]) + list(context[b:])
 
