@@ -74,6 +74,7 @@ def test_refined_costs_are_kept_and_the_next_process_starts_from_them(
         # A start as wrong as a calibration taken on a machine ten times slower.
         costs.adopt(costs_module.Costs({n: 10 * v for n, v in costs.target.items()},
                                        10 * costs.draft))
+        costs.attention = 3e-6         # as if learned over a long prompt (test_drafters.py)
         poisoned = costs_module.Costs(dict(costs.target), costs.draft)
         i = 0
         while costs.observed < EngineDrafting.SAVE_AFTER:
@@ -81,10 +82,12 @@ def test_refined_costs_are_kept_and_the_next_process_starts_from_them(
             i += 1
             assert i < 20, "the loop never refined the costs"
         refined = dict(costs.target), costs.draft      # what is saved: the table itself
+        attention = costs.attention
     (entry,) = entries(cache).values()
     assert entry["source"] == "refined"
     saved = {int(n): v for n, v in entry["target"].items()}
     assert saved == pytest.approx(refined[0]) and entry["draft"] == pytest.approx(refined[1])
+    assert entry["attention"] == pytest.approx(attention) and attention > 0
     # Every draft step moved the draft's cost, and every target pass its batch size's, toward
     # what they measure: far below ten times the calibration.
     assert entry["draft"] < poisoned.draft
@@ -95,6 +98,11 @@ def test_refined_costs_are_kept_and_the_next_process_starts_from_them(
         assert not start.busy
         assert start.target == pytest.approx(saved) and start.draft == pytest.approx(
             entry["draft"])
+        assert start.attention == pytest.approx(attention)
+        # The engine tells its costs where its target is: a pass's cost grows with it.
+        eng.generate(PROMPTS[0], max_tokens=1, sampling=GREEDY)
+        assert start.position() == len(eng.target.tokens) > 0
+        assert start.t(4) > float(start.bare(4))
 
 
 def test_a_busy_calibration_heals_even_while_the_threads_are_backed_off(

@@ -244,6 +244,65 @@ def test_plain_passes_rescale_every_cost():
     assert c.t(1) == pytest.approx(0.024, rel=0.02)
 
 
+# SmolLM2's F32 target on the 2-core AMX machine over an empty context (seconds per pass of n
+# tokens) and what every batch token adds per context token (measured after 16, 500, 1,500
+# and 2,900 tokens: t(9) / t(1) 1.8, 2.1, 2.4, 3.5).
+SMOL_EMPTY = {1: 0.0367, 2: 0.0458, 3: 0.0483, 5: 0.0513, 9: 0.0658, 16: 0.09, 33: 0.15}
+SMOL_ATTENTION = 7e-6
+
+
+def _smol_pass(n, context, rng):
+    return (float(Costs(dict(SMOL_EMPTY), 0.017).bare(n)) + SMOL_ATTENTION * n * context) \
+        * rng.uniform(0.95, 1.05)
+
+
+def test_batches_over_a_long_context_teach_the_attention_term():
+    """The table is measured over an empty context; over a long one every batch token attends
+    to every context token. Plain and drafting rounds over ~1,500 tokens (the machine's speed
+    unchanged) must teach the cost model both, so that a batch is not taken for as cheap
+    against a plain pass as it was after an empty context."""
+    rng = np.random.default_rng(3)
+    at = [0]
+    c = Costs(dict(SMOL_EMPTY), 0.017, position=lambda: at[0])
+    for L in range(1500, 1700):
+        at[0] = L
+        n = 1 if rng.random() < 0.6 else int(rng.choice([2, 3, 5, 9]))
+        c.observe_target(n, _smol_pass(n, L, rng))
+    assert c.attention == pytest.approx(SMOL_ATTENTION, rel=0.25)
+    truth = Costs(dict(SMOL_EMPTY), 0.017, attention=SMOL_ATTENTION, position=lambda: 1600)
+    for n in (1, 5, 9):
+        assert c.t(n) == pytest.approx(truth.t(n), rel=0.08)
+    # The same costs after a short context are the table's again (a new short prompt).
+    at[0] = 20
+    assert c.t(9) / c.t(1) == pytest.approx(truth.bare(9) / truth.bare(1), rel=0.1)
+    # Without the attention term (the negative control) the shape is the empty context's.
+    assert truth.t(9) / truth.t(1) > 1.25 * float(truth.bare(9) / truth.bare(1))
+
+
+def test_short_contexts_refine_the_table_and_leave_the_attention_term():
+    at = [100]
+    c = Costs(dict(SMOL_EMPTY), 0.017, attention=SMOL_ATTENTION, position=lambda: at[0])
+    for _ in range(100):
+        c.observe_target(9, 0.060 + SMOL_ATTENTION * 9 * 100)
+    assert c.attention == SMOL_ATTENTION
+    assert float(c.bare(9)) == pytest.approx(0.060, rel=0.02)
+
+
+def test_drafting_over_a_long_prompt_stops_when_its_batches_no_longer_pay():
+    """With n-gram-like drafts accepted 40% of the time, SmolLM2's costs pay for short drafts
+    after an empty context but not after 2,900 tokens, once the attention term is known."""
+    at = [0]
+    c = Costs(dict(SMOL_EMPTY), 1e-4, attention=SMOL_ATTENTION, position=lambda: at[0])
+    pol = AdaptiveLength(c, k_max=8)
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n = 0 if rng.random() >= 0.4 else 1 if rng.random() >= 0.4 else 2
+        pol.observe(2, n, [None, None], [], c.t(3))
+    assert pol.best()[0] > 0
+    at[0] = 2900
+    assert pol.best()[0] == 0
+
+
 def test_free_drafts_are_not_cut_by_the_slow_start_cap():
     """n-gram drafts cost ~0, so the uncapped best K is long and its rate high. After a round
     with no match the slow start caps the plan at 4; valuing those 4 tokens' time at the

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..config import SamplingParams
-from ..drafting import Costs
 
 # A busy process: a pure-Python spin, ended by the bench (by its pid) or after this long.
 BUSY_SECONDS_MAX = 1800
@@ -111,8 +110,7 @@ def run_load_bench(engine, prompts: list[str], *, load: int, max_tokens: int, ra
                                                               s.decode_seconds,
                                                               s.target_threads)
                             if costs is not None:
-                                own_costs[name] = Costs(dict(costs.target), costs.draft,
-                                                        busy=costs.busy)
+                                own_costs[name] = costs.snapshot()
                         if peer is not None:
                             cells[(cond, "llama-cpp-python", "plain")].add(
                                 *peer.generate(token_prompts[i], max_tokens))

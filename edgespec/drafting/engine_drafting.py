@@ -78,6 +78,8 @@ class EngineDrafting:
     def _calibrate(self) -> None:
         self.costs = calibrate_cached(self.target, self._measured_draft(), head=self.head,
                                       force=self._recalibrate, progress=self._progress)
+        target = self.target
+        self.costs.position = lambda: len(target.tokens)   # the context its passes follow
 
     def remeasure(self, force: bool = False) -> bool:
         """Measure a busy calibration again when it is due (``force``: now); True when a
@@ -100,6 +102,8 @@ class EngineDrafting:
             self._remeasure_wait *= 2
             self._remeasure_at = time.monotonic() + self._remeasure_wait
             return False
+        # A calibration measures no attention term: the learned one stays, at the new speed.
+        cal.costs.attention = c.attention * float(cal.costs.bare(1.0) / c.bare(1.0))
         c.adopt(cal.costs)
         CostCache(self.target, draft, self.head).save(c, "calibration")
         self._by_kind.clear()       # policies start again on these costs (and free() copies)
