@@ -259,26 +259,3 @@ def log_probs(logits: np.ndarray, token: int, top_n: int = 0) -> tuple[float, li
         ids = ids[np.argsort(-logits[ids], kind="stable")]
         top = [(int(i), float(logits[i]) - norm) for i in ids]
     return float(logits[token]) - norm, top
-
-
-def residual(p: Dist, q: Dist, n_vocab: int) -> Dist:
-    """normalize(max(0, p − q)), aligned by token id over the union of both supports.
-
-    When p and q agree to rounding error the residual is empty; rejection is then a
-    probability-zero event that rounding made possible, and p itself is returned.
-    """
-    if p.ids is None or q.ids is None:
-        r = np.maximum(p.dense(n_vocab) - q.dense(n_vocab), 0.0)
-        total = r.sum()
-        return Dist(None, r / total) if total > 1e-12 else p
-    ids = np.union1d(p.ids, q.ids)
-    pv = np.zeros(ids.size)
-    qv = np.zeros(ids.size)
-    pv[np.searchsorted(ids, p.ids)] = p.probs
-    qv[np.searchsorted(ids, q.ids)] = q.probs
-    r = np.maximum(pv - qv, 0.0)
-    total = r.sum()
-    if total <= 1e-12:
-        return p
-    nz = r > 0
-    return Dist(ids[nz], r[nz] / total)

@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .sampling import Dist, residual
+from .sampling import Dist
 
 
 def verify_greedy(x: Sequence[int], target_argmax: Sequence[int]) -> tuple[int, int]:
@@ -60,7 +60,7 @@ def speculative_sampling(x: Sequence[int], q: Sequence[Dist], p: Callable[[int],
         if r < p_i.prob(x[i]) / q_x:
             continue
         # Rejected: resample from the part of p that q under-covers.
-        return i, residual(p_i, q_i, n_vocab).sample(rng)
+        return i, residual(p_i, q_i).sample(rng)
     return K, p(K).sample(rng)
 
 
@@ -132,11 +132,13 @@ def _residual_mass(p: Dist, q: Dist, w: float) -> float:
     return float(_residual_terms(p, q, w)[1].sum())
 
 
-def _weighted_residual(p: Dist, q: Dist, w: float) -> Dist:
-    """``normalize(max(0, w·p − q))``, aligned by token id.
+def residual(p: Dist, q: Dist, w: float = 1.0) -> Dist:
+    """``normalize(max(0, w·p − q))``, aligned by token id: what a rejection resamples from
+    (``w = 1``: token-wise; block verification weights p by the accepted prefix).
 
     A mass of (nearly) zero makes this an event of probability zero that rounding made
-    possible (the position's threshold is then 0 or 1); p itself stands in for it."""
+    possible (p and q agree to rounding error; the position's threshold is 0 or 1); p itself
+    stands in for it."""
     ids, r = _residual_terms(p, q, w)
     total = float(r.sum())
     if total <= 1e-12:
@@ -193,7 +195,7 @@ class _Block:
             self.rows.append(self.p(len(self.rows)))
         if tau == self.K:
             return self.rows[tau]
-        return _weighted_residual(self.rows[tau], self.q[tau], self.weight(tau))
+        return residual(self.rows[tau], self.q[tau], self.weight(tau))
 
 
 def block_thresholds(x: Sequence[int], q: Sequence[Dist], p: Callable[[int], Dist]

@@ -29,7 +29,8 @@ import numpy as np
 import pytest
 
 from edgespec import verify
-from edgespec.sampling import Dist, residual
+from edgespec.sampling import Dist
+from edgespec.verify import residual
 
 TOL = 1e-9
 KINDS = ("random", "equal", "disjoint", "q_zero", "one_hot", "p_zero", "peaked", "mixed")
@@ -134,7 +135,7 @@ def token_rule(x, q, p, V):
     for n in range(K + 1):
         pr = float(np.prod(a[:n])) * ((1 - a[n]) if n < K else 1.0)
         if pr > 0:
-            t = residual(p(n), q[n], V) if n < K else p(K)
+            t = residual(p(n), q[n]) if n < K else p(K)
             out.append((pr, n, t.dense(V)))
     return out
 

@@ -23,7 +23,8 @@ from edgespec import verify
 from edgespec.config import SamplingParams
 from edgespec.drafting import (AdaptiveLength, Costs, FixedLength, HybridDrafter, ModelDrafter,
                                NgramDrafter)
-from edgespec.sampling import Dist, residual
+from edgespec.sampling import Dist
+from edgespec.verify import residual
 from edgespec.speculative import LoopStats, decode
 
 from markov import MarkovLM, softmax
@@ -81,7 +82,7 @@ def _job(args):
     method, seed, n = args
     p, q = make_pair(seed)
     if method == "resample_from_p":                 # the residual replaced by p itself
-        verify.residual = lambda p_, q_, n_vocab: p_
+        verify.residual = lambda p_, q_, w=1.0: p_
     counts = draw(method, p, q, seed, n)
     verify.residual = residual
     return seed, tv(counts, p), int(counts.sum())

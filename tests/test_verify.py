@@ -5,7 +5,8 @@ import pytest
 
 from edgespec.config import SpecConfig
 from edgespec.errors import InvalidParameterError
-from edgespec.sampling import Dist, residual
+from edgespec.sampling import Dist
+from edgespec.verify import residual
 from edgespec.verify import block_thresholds, speculative_sampling, verify_block, verify_greedy
 
 
@@ -92,7 +93,7 @@ def test_one_hot_q_accepts_with_probability_p_of_x():
 def test_q_zero_where_p_positive_reaches_those_tokens_through_residual():
     p0 = dense(0.5, 0.5)
     q0 = dense(1.0, 0.0)  # q never proposes token 1
-    r = residual(p0, q0, 2)
+    r = residual(p0, q0)
     assert r.prob(1) == pytest.approx(1.0) and r.prob(0) == 0.0
     n, t = speculative_sampling([0], [q0], lambda i: p0, FixedRng(0.7, 0.1), 2)
     assert (n, t) == (0, 1)
@@ -106,14 +107,14 @@ def test_draft_token_with_q_zero_is_refused():
 def test_residual_aligns_sparse_supports_by_token_id():
     p = Dist(np.array([7, 3]), np.array([0.6, 0.4]))
     q = Dist(np.array([3, 9]), np.array([0.5, 0.5]))
-    r = residual(p, q, 10)
+    r = residual(p, q)
     assert r.prob(7) == pytest.approx(1.0)
     assert r.prob(3) == 0.0 and r.prob(9) == 0.0
 
 
 def test_residual_of_equal_distributions_falls_back_to_p():
     p = dense(0.25, 0.75)
-    assert residual(p, dense(0.25, 0.75), 2) is p
+    assert residual(p, dense(0.25, 0.75)) is p
 
 
 # --- block verification (tests/test_block_verify.py proves it lossless exactly) -------------
@@ -153,7 +154,7 @@ def test_block_residual_is_weighted_by_the_accepted_prefix():
     # After x1 only: normalize(max(0, w1·p2 − q2)) = (1, 0, 0), not Algorithm 1's
     # normalize(max(0, p2 − q2)) = (0.6, 0.4, 0).
     assert correction(1).dense(3) == pytest.approx([1.0, 0.0, 0.0])
-    assert correction(0).dense(3) == pytest.approx(residual(p[0], q[0], 3).dense(3))
+    assert correction(0).dense(3) == pytest.approx(residual(p[0], q[0]).dense(3))
     # Uniforms from the last position back: η2 = 0.5 fails, η1 = 0.05 passes, u = 0.9.
     assert verify_block([1, 2], q, rows(*p), FixedRng(0.5, 0.05, 0.9), 3) == (1, 0)
     assert verify_block([1, 2], q, rows(*p), FixedRng(0.5, 0.1, 0.9), 3) == (0, 0)
