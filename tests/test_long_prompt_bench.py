@@ -72,7 +72,16 @@ def test_a_prompt_length_sweep_reports_every_cell_from_cold_caches(smollm2_f32_p
         assert {"acceptance_rate", "tokens_per_pass", "drafted"} <= set(row["speculative"])
         assert "drafted" not in row["plain"]
         assert row["first_token_ratio"] > 0 and row["whole_ratio"] > 0
+        assert row["whole_ratio_median"] == pytest.approx(row["whole_ratio"])   # one prompt
+    # Per prompt length, the medians of its runs' times to first token, both modes.
+    assert [ft["prompt_length"] for ft in res["first_token"]] == [40, 80]
+    for ft in res["first_token"]:
+        assert ft["samples"] == 1
+        row = rows[(ft["prompt_length"], 8)]
+        assert ft["plain_median"] == pytest.approx(row["plain"]["first_token_seconds"])
+        assert ft["ratio"] == pytest.approx(row["first_token_ratio"])
     table = format_long_prompt_report(res).splitlines()
+    assert sum("time to first token at" in line for line in table) == 2
     assert "TTFT plain" in table[0] and "whole spec" in table[0] and "drafted" in table[0]
     assert [line.split()[:2] for line in table[1:3]] == [
         [str(rows[(length, 8)]["prompt_tokens"][0]), "8"] for length in (40, 80)]
