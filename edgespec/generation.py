@@ -24,20 +24,25 @@ from .streams import Job, Turnstile
 from .textstream import TextAssembler
 
 
-def prefill(model: LanguageModel, prompt: list[int], cancelled: threading.Event) -> int:
-    """Make ``model``'s cache hold ``prompt[:-1]``, reusing its common prefix.
+def prefill(model: LanguageModel, prompt: list[int],
+            cancelled: threading.Event) -> tuple[int, Optional[np.ndarray]]:
+    """Make ``model``'s cache hold ``prompt``, reusing its common prefix but always evaluating
+    the last token: its logits give the first token without another pass.
 
-    Returns how many tokens were evaluated. Checks for cancellation between batches.
+    Returns how many tokens were evaluated and the logits row after the prompt (None when
+    cancelled before its end). Checks for cancellation between batches.
     """
-    want = prompt[:-1]
-    keep = common_prefix(model.tokens, want)
+    keep = common_prefix(model.tokens, prompt[:-1])
     model.truncate(keep)
-    todo = want[keep:]
+    todo = prompt[keep:]
     for start in range(0, len(todo), model.n_batch):
         if cancelled.is_set():
-            break
-        model.eval(todo[start:start + model.n_batch], 0)
-    return len(model.tokens) - keep + 1
+            return len(model.tokens) - keep, None
+        last = start + model.n_batch >= len(todo)
+        rows = model.eval(todo[start:start + model.n_batch], 1 if last else 0)
+        if last:
+            return len(model.tokens) - keep, np.array(rows[0], dtype=np.float32)
+    return len(model.tokens) - keep, None
 
 
 def new_stats(req: Request) -> GenerationStats:
@@ -104,14 +109,16 @@ class _Run:
         self.finish_reason = "length"
         self.assembler = TextAssembler(list(req.stop))
         self.steps = None               # the decoding loop, once it runs
+        self.first_row: Optional[np.ndarray] = None     # the target's logits after the prompt
         self.t_decode: Optional[float] = None
         self.t0 = 0.0                   # the turn's start
         self.llama0 = self.head0 = 0.0
 
     def prefill(self) -> None:
-        """The target's cache holds the prompt but its last token (keeping its common prefix).
-        The draft's keeps what it shares with the prompt (or what the prompt cache brings
-        back) and no more: the drafter catches up between target steps when that pays
+        """The target's cache holds the prompt (keeping its common prefix, the last token
+        always evaluated: its logits row gives the first token). The draft's keeps what it
+        shares with the prompt (or what the prompt cache brings back) and no more: the drafter
+        catches up between target steps when that pays
         (:meth:`edgespec.drafting.ModelDrafter.catch_up`), so the first token never waits for
         the draft. The drafter is asked for first: building one may calibrate."""
         spec = self.req.speculation
@@ -120,8 +127,8 @@ class _Run:
         want = self.req.prompt[:-1]
         if self.cache is not None:
             self.stats.prompt_tokens_restored = self.cache.prepare(self.target, want)
-        self.stats.prompt_tokens_evaluated = prefill(self.target, self.req.prompt,
-                                                     self.cancelled)
+        self.stats.prompt_tokens_evaluated, self.first_row = prefill(
+            self.target, self.req.prompt, self.cancelled)
         if self.draft is not None:
             if self.cache is not None:
                 self.cache.prepare(self.draft, want, companion=self.head)
@@ -138,7 +145,8 @@ class _Run:
             self.finish_reason = "cancelled"
             return
         req, eog = self.req, self.target.vocab.eog
-        self.steps = decode(self.target, list(req.prompt), params=req.sampling,
+        self.steps = decode(self.target, list(req.prompt), first_row=self.first_row,
+                            params=req.sampling,
                             rng=np.random.default_rng(req.sampling.seed),
                             max_new=req.max_tokens, drafter=self.drafter,
                             stats=self.stats.loop, should_stop=self.cancelled.is_set,

@@ -1,10 +1,11 @@
 """The speculative decoding loop: draft → verify in one target pass → accept → trim → emit.
 
 Cache invariant (as in llama.cpp's speculative-simple): the target's KV cache holds exactly the
-committed context minus its last token ``id_last``, which is fed first in the next verify batch.
-So prompt processing of the last prompt token and the first verification share one pass, and a
-rejected suffix is removed with one ``truncate``. The draft's cache holds a prefix of the
-committed context; the drafter feeds whatever it is missing.
+committed context minus its last token ``id_last``, which is fed first in the next verify batch,
+so a rejected suffix is removed with one ``truncate``. The prompt pass may include the last
+prompt token (``first_row``, its logits): the first token is then sampled from that row, with
+no pass of its own and no draft to wait for, and the first verify batch follows it. The draft's
+cache holds a prefix of the committed context; the drafter feeds whatever it is missing.
 
 :func:`decode` yields committed tokens one at a time. Whoever consumes it may stop at any token
 (a stop string, a cancel): closing the generator trims both caches to exactly what was
@@ -98,6 +99,7 @@ class LoopStats:
 
 def decode(target: LanguageModel, context: list[int], *, params: SamplingParams,
            rng: np.random.Generator, max_new: int, drafter: Optional[Drafter] = None,
+           first_row: Optional[np.ndarray] = None,
            stats: Optional[LoopStats] = None,
            should_stop: Callable[[], bool] = lambda: False,
            constraint: Optional["GrammarState"] = None,
@@ -105,8 +107,11 @@ def decode(target: LanguageModel, context: list[int], *, params: SamplingParams,
     """Generate up to ``max_new`` tokens after ``context``.
 
     ``context`` is the committed token list (prompt + tokens generated so far) and is extended
-    in place as tokens are committed. Preconditions: ``target.tokens == context[:-1]`` and the
-    drafter's cache holds a prefix of ``context``; the drafter decides each round's draft
+    in place as tokens are committed. Preconditions: ``target.tokens == context[:-1]``, or
+    ``target.tokens == context`` with ``first_row`` the target's logits after it (the prompt
+    pass's last row, from which the first token is sampled), and the drafter's cache holds a
+    prefix of ``context``. The first token never waits for the draft: it comes from
+    ``first_row``, or else from a plain first round; the drafter decides each round's draft
     length (:mod:`edgespec.drafting`). Stops after an end-of-generation token (which is yielded),
     after ``max_new`` tokens, or when the context window is full; it never asks llama.cpp for
     more than ``n_batch``/``n_outputs_max`` rows or ``n_ctx`` positions. ``should_stop`` is
@@ -126,7 +131,12 @@ def decode(target: LanguageModel, context: list[int], *, params: SamplingParams,
     keyed = params.seed is not None and not params.greedy
     max_rows = min(target.n_batch, target.n_outputs_max)
     limit = len(context) + min(max_new, target.n_ctx - len(context))
-    assert target.tokens == context[:-1], "target cache must hold the context minus id_last"
+    if first_row is not None:
+        assert target.tokens == context, "with first_row the target cache holds the context"
+    else:
+        assert target.tokens == context[:-1], "target cache must hold the context minus id_last"
+    pending = first_row         # the first round's row, already computed (no pass, no draft)
+    first = True                # the first token never waits for the draft
     if drafter is not None:
         drafter.begin(context, limit)
     try:
@@ -138,10 +148,11 @@ def decode(target: LanguageModel, context: list[int], *, params: SamplingParams,
             # 1. Draft: tokens the grammar forces (free), then up to K tokens x from the
             #    drafter, each allowed by the grammar, with the distributions q they came from.
             forced = []
-            if constraint is not None and drafter is not None:
+            if constraint is not None and drafter is not None and not first:
                 forced = constraint.forced()[:room]
                 del forced[constraint.consume(forced):]
-            K = room - len(forced) if drafter and drafter.plan() > 0 else 0
+            K = room - len(forced) if drafter and not first and drafter.plan() > 0 else 0
+            first = False
             draft = (drafter.draft(context + forced, K, params, rng, should_stop, constraint)
                      if K > 0 else Draft())
             if forced:
@@ -158,7 +169,11 @@ def decode(target: LanguageModel, context: list[int], *, params: SamplingParams,
             # 2. Verify: one target pass over [id_last, x_1..x_K], logits on all K+1 rows.
             t0 = time.perf_counter()
             n_base = len(context) - 1
-            rows = target.eval([context[-1], *x], K + 1)
+            prompt_row = pending is not None
+            if prompt_row:
+                rows, pending = pending[None, :], None
+            else:
+                rows = target.eval([context[-1], *x], K + 1)
             masks = ([constraint.mask(d0 + i) for i in range(K + 1)] if constraint is not None
                      else [None] * (K + 1))
 
@@ -180,14 +195,14 @@ def decode(target: LanguageModel, context: list[int], *, params: SamplingParams,
                     n, t = speculative_sampling(x, q, p, rng, n_vocab)
             verify_seconds = time.perf_counter() - t0
             stats.verify_seconds += verify_seconds
-            if K == 0:
+            if K == 0 and not prompt_row:
                 stats.plain_passes += 1
                 stats.plain_seconds += verify_seconds
-            stats.target_passes += 1
+            stats.target_passes += 1        # (the prompt pass's, for the first row)
             stats.rounds += 1
             stats.accepted += n
             stats.record_round(K, n)
-            if drafter is not None:
+            if drafter is not None and not prompt_row:
                 drafter.observe(draft, n, verify_seconds)
 
             # 4. Trim: drop the rejected drafts from both caches (and the grammar).

@@ -91,7 +91,8 @@ def test_refined_costs_are_kept_and_the_next_process_starts_from_them(
     # Every draft step moved the draft's cost, and every target pass its batch size's, toward
     # what they measure: far below ten times the calibration.
     assert entry["draft"] < poisoned.draft
-    assert any(saved[n] < poisoned.target[n] for n in saved if n in poisoned.target)
+    # (a size the calibration did not measure is compared with its interpolation)
+    assert any(saved[n] < poisoned.t(n) for n in saved)
 
     with load(smollm2_f32_path, smollm2_q4_path) as eng:     # the next process
         start = eng._drafting.costs

@@ -333,10 +333,13 @@ def test_a_disturbed_measurement_never_makes_a_batch_cost_less_or_below_zero():
 
 # -- a long prompt: the first token never waits for the draft ------------------------------
 
-def _sevens_loop(policy, prompt_len, max_new, n_vocab=400, drafter=None, cycle=False):
+def _sevens_loop(policy, prompt_len, max_new, n_vocab=400, drafter=None, cycle=False,
+                 prompt_row=True):
     """The real loop over a Markov target whose greedy choice is always 7 (``cycle``: the
     token after t is t + 1, from 100 to 349 and round again, the prompt's own pattern) and the
-    sevens draft (none of the prompt in its cache): the steps and the loop's counters."""
+    sevens draft (none of the prompt in its cache): the steps and the loop's counters. As
+    the engine does, the prompt pass includes the last prompt token and its row gives the
+    first token (``prompt_row=False``: the pass stops before it, as a bare loop may)."""
     from edgespec.speculative import LoopStats, decode
     table = np.zeros((n_vocab, n_vocab), dtype=np.float32)
     if cycle:
@@ -346,16 +349,22 @@ def _sevens_loop(policy, prompt_len, max_new, n_vocab=400, drafter=None, cycle=F
     target = MarkovLM(table)
     drafter = drafter or sevens(policy, n_vocab=n_vocab)
     prompt = [100 + i % 250 for i in range(prompt_len)]
-    target.eval(prompt[:-1], 0)
+    first_row = target.eval(prompt, 1)[0] if prompt_row else target.eval(prompt[:-1], 0)
     stats = LoopStats()
     steps = list(decode(target, list(prompt), params=GREEDY, rng=np.random.default_rng(0),
-                        max_new=max_new, drafter=drafter, stats=stats))
+                        max_new=max_new, drafter=drafter, stats=stats,
+                        first_row=first_row if prompt_row else None))
     return steps, stats, drafter
 
 
-def test_the_first_round_is_plain_and_a_long_prompt_is_caught_up_in_chunks():
-    steps, stats, drafter = _sevens_loop(FixedLength(4), prompt_len=300, max_new=40)
+@pytest.mark.parametrize("prompt_row", [True, False])
+def test_the_first_round_is_plain_and_a_long_prompt_is_caught_up_in_chunks(prompt_row):
+    steps, stats, drafter = _sevens_loop(FixedLength(4), prompt_len=300, max_new=40,
+                                         prompt_row=prompt_row)
     assert steps[0].round is not None and steps[0].round.drafted == ()   # the target's own
+    # The prompt pass's row gives the first token: one pass fewer than a plain first round.
+    assert stats.plain_passes == (-(-(300 - ModelDrafter.CATCH_UP_CHUNK)
+                                    // ModelDrafter.CATCH_UP_CHUNK) + (not prompt_row))
     chunk = ModelDrafter.CATCH_UP_CHUNK
     # ~300 tokens behind: one chunk a round from the second round on, each round plain,
     # until the cache is within a chunk of the context; then the draft drafts.
@@ -402,13 +411,13 @@ def test_the_typical_answer_bounds_what_catching_up_is_repaid_over():
 
 def test_the_hybrid_drafts_ngrams_while_the_model_catches_up():
     """The target continues the prompt's own pattern (it repeats every 250 tokens), so the
-    n-gram finds matches from the first round on, while the model, 400 tokens behind, catches
-    up a chunk per round."""
+    n-gram finds matches from the first verify round on (the first token is the prompt
+    pass's), while the model, 400 tokens behind, catches up a chunk per round."""
     drafter = HybridDrafter(sevens(FixedLength(4), n_vocab=400), NgramDrafter(FixedLength(8)))
     steps, stats, _ = _sevens_loop(None, prompt_len=400, max_new=60, drafter=drafter,
                                    cycle=True)
     rounds = [s.round for s in steps if s.round is not None]
-    assert [r.source for r in rounds[:3]] == ["ngram"] * 3
+    assert rounds[0].drafted == () and [r.source for r in rounds[1:4]] == ["ngram"] * 3
     assert stats.caught_up >= 400 - ModelDrafter.CATCH_UP_CHUNK
     assert [s.token for s in steps] == [100 + i % 250 for i in range(400, 460)]
 

@@ -1,12 +1,13 @@
 """Drafting with a small model that shares the target's tokenizer.
 
-The draft never delays the target's first token: a generation's first round is plain, and a
-draft cache far behind the context (a long prompt, a long n-gram run) catches up one chunk per
-round, between target steps, and only while the cost model says that drafting for the rest of
-the answer repays what catching up costs. It may read a long prompt through a window, its
-first tokens and its last few hundred, when that is expected to save more time than the
-acceptance it costs (docs/decisions.md, "The first token of a long prompt"). What the draft
-reads changes only how fast the answer comes, never what it is.
+The draft never delays the target's first token (the loop takes it from the prompt pass's
+last row, without asking the drafter), and a draft cache far behind the context (a long
+prompt, a long n-gram run) catches up one chunk per round, between target steps, and only
+while the cost model says that drafting for the rest of the answer repays what catching up
+costs. It may read a long prompt through a window, its first tokens and its last few hundred,
+when that is expected to save more time than the acceptance it costs (docs/decisions.md, "The
+first token of a long prompt"). What the draft reads changes only how fast the answer comes,
+never what it is.
 """
 
 from __future__ import annotations
@@ -74,10 +75,10 @@ class ModelDrafter:
         # tokens it has not seen (n-gram rounds); None until measured on a batch of 4+.
         self.catch_up_cost: Optional[float] = None
         self._planned = 0       # this round's plan
-        # The generation in progress: where it started and must end (context lengths), whether
-        # its first round is still to come, and the committed length last seen. The typical
-        # answer's length in tokens (None until one answer ended).
-        self._start, self._limit, self._first = 0, float("inf"), False
+        # The generation in progress: where it started and must end (context lengths) and the
+        # committed length last seen. The typical answer's length in tokens (None until one
+        # answer ended).
+        self._start, self._limit = 0, float("inf")
         self._seen = 0
         self.answer_tokens: Optional[float] = None
         # The context the cache leaves out, [a, b), when a window was chosen (the cache holds
@@ -93,7 +94,7 @@ class ModelDrafter:
             self.answer_tokens = (n if self.answer_tokens is None else
                                   self.answer_tokens + self.ANSWER_EMA * (n - self.answer_tokens))
         self._start = self._seen = len(context)
-        self._limit, self._first = limit, True
+        self._limit = limit
         if self._skip is not None:      # a window of the last conversation: read afresh
             self.model.truncate(min(len(self.model.tokens), self._skip[0]))
         self._skip, self._chosen = None, False
@@ -198,19 +199,18 @@ class ModelDrafter:
     # -- catching up ------------------------------------------------------------------------
 
     def behind(self, context: Sequence[int]) -> bool:
-        """Whether this round is a plain one for the model: the generation's first round (the
-        first token never waits for the draft), or a cache more than a chunk behind."""
-        return self._first or self._lag(context) > self.CATCH_UP_CHUNK
+        """Whether this round is a plain one for the model: its cache is more than a chunk
+        behind. (The first token never waits for the draft: the loop gives it from the
+        prompt pass, or from a plain first round, without asking the drafter.)"""
+        return self._lag(context) > self.CATCH_UP_CHUNK
 
     def catch_up(self, context: Sequence[int], worth: Optional[bool] = None) -> Draft:
-        """A plain round while :meth:`behind`: after the first round, one chunk of the context
-        the cache lacks is evaluated when catching up is ``worth`` it (default: this drafter's
-        own judgement, :meth:`catch_up_worth`)."""
+        """A plain round while :meth:`behind`: one chunk of the context the cache lacks is
+        evaluated when catching up is ``worth`` it (default: this drafter's own judgement,
+        :meth:`catch_up_worth`)."""
         t0 = time.perf_counter()
         d = Draft()
-        if self._first:
-            self._first = False
-        elif worth if worth is not None else self.catch_up_worth(context):
+        if worth if worth is not None else self.catch_up_worth(context):
             n = len(self.model.tokens)
             chunk = list(self._view(context)[n:n + self.CATCH_UP_CHUNK])
             self.model.eval(chunk, 0)
