@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from . import config
-from .backend import (GrammarVocab, backend_info, open_pair, placement, release_free_heap,
-                      rpc_endpoints)
+from .backend import (GrammarVocab, VocabMap, backend_info, check_pair, open_pair, placement,
+                      release_free_heap, rpc_endpoints)
 from .chat_template import ChatTemplate, validate_messages
 from .config import ModelConfig, SamplingParams, SpecConfig, default_threads
 from .constraints import Constraint, GrammarState, tokenizer_for
-from .drafting import HEAD_MIN_VOCAB, Drafter, EngineDrafting, ReducedHead
+from .drafting import HEAD_MIN_VOCAB, Drafter, EngineDrafting, ReducedHead, Translation
 from .errors import ContextOverflowError, EngineClosedError, InvalidParameterError
 from .generation import not_started, run_generation
 from .lm import LoadedModel
@@ -57,9 +57,15 @@ class Engine:
     def __init__(self, target: LoadedModel, draft: Optional[LoadedModel], spec: SpecConfig, *,
                  draft_head: Optional[ReducedHead] = None, adaptive_threads: bool = False,
                  recalibrate: bool = False, cache_ram: int = config.CACHE_RAM_MIB,
+                 vocab_map: Union[VocabMap, None, str] = "check",
                  progress: Callable[[str], None] = lambda s: None):
         self.target = target
         self.draft = draft
+        # A draft of another vocabulary drafts through a map between the two ("check": the
+        # pair was not checked yet; None: the draft shares the target's tokenizer).
+        if isinstance(vocab_map, str):
+            vocab_map = check_pair(target, draft) if draft is not None else None
+        self.vocab_map: Optional[VocabMap] = vocab_map
 
         def special(t: int) -> str:
             return target.token_text(t).decode("utf-8", "replace") if t >= 0 else ""
@@ -70,10 +76,11 @@ class Engine:
         # applies a reduced one (drafting/reduced_head.py).
         if draft_head is None and draft is not None and draft.can_tap \
                 and draft.n_vocab >= HEAD_MIN_VOCAB and spec.uses_draft_model:
-            draft_head = ReducedHead(draft)
+            draft_head = ReducedHead(draft, shared=vocab_map.keep if vocab_map else None)
         self.draft_head = draft_head
-        self._drafting = EngineDrafting(spec, target, draft, draft_head, recalibrate=recalibrate,
-                                  progress=progress)
+        self._drafting = EngineDrafting(spec, target, draft, draft_head,
+                                        cross=self._cross(target, draft, vocab_map),
+                                        recalibrate=recalibrate, progress=progress)
         # Threads that follow the machine's load (edgespec/threads.py), one governor a model;
         # none when the caller pinned a count.
         self._governors = (govern(target, draft, self._drafting.costs) if adaptive_threads
@@ -141,16 +148,33 @@ class Engine:
         d_cfg = (ModelConfig(draft, n_gpu_layers=draft_n_gpu_layers, rpc=draft_rpc,
                              n_outputs_max=1, **common)
                  if draft is not None and spec.uses_draft_model else None)
-        t_model, d_model = open_pair(t_cfg, d_cfg, draft_tap_min_vocab=HEAD_MIN_VOCAB,
-                                     progress=progress)
+        t_model, d_model, vmap = open_pair(t_cfg, d_cfg, draft_tap_min_vocab=HEAD_MIN_VOCAB,
+                                           progress=progress)
         try:
             return cls(t_model, d_model, spec, adaptive_threads=n_threads is None,
-                       recalibrate=recalibrate, cache_ram=cache_ram, progress=progress)
+                       recalibrate=recalibrate, cache_ram=cache_ram, vocab_map=vmap,
+                       progress=progress)
         except BaseException:
             for m in (d_model, t_model):
                 if m is not None:
                     m.close()
             raise
+
+    @staticmethod
+    def _cross(target: LoadedModel, draft: Optional[LoadedModel],
+               vmap: Optional[VocabMap]) -> Optional[tuple]:
+        """What a drafter of another vocabulary needs (drafting/cross_vocab.py): the context
+        in the draft's tokens, and the two id maps."""
+        if vmap is None or draft is None:
+            return None
+        t_vocab, d_info = target.vocabulary, draft.vocab
+
+        def tokenize(raw: bytes) -> list[int]:
+            return draft.tokenize(raw, add_special=False, parse_special=False) if raw else []
+        bos = (target.vocab.bos, [d_info.bos] if d_info.add_bos and d_info.bos >= 0 else [])
+        translation = Translation(vmap.to_draft, lambda t: t_vocab.piece(t, special=True),
+                                  tokenize, bos)
+        return translation, vmap.to_target, vmap.to_draft
 
     @staticmethod
     def _check_cache_ram(cache_ram) -> None:
@@ -186,6 +210,10 @@ class Engine:
             self._check_open()
             return {"target": self.target.describe(),
                     "draft": self.draft.describe() if self.draft else None,
+                    "draft_vocabulary": (None if self.draft is None else "shared"
+                                         if self.vocab_map is None else
+                                         f"mapped: {self.vocab_map.share} of its tokens "
+                                         f"are the target's"),
                     "drafter": self.spec.drafter, "draft_max": self.spec.draft_max,
                     "adaptive": self.spec.is_adaptive, "p_min": self.spec.p_min,
                     "backend": placement(backend_info()["backend"], self.target, self.draft),
@@ -333,7 +361,8 @@ class Engine:
             return None
         return Speculation(drafter=lambda: self._drafter(sampling), draft=self.draft,
                            head=self.draft_head, plain_cost=self._drafting.plain_pass_seconds,
-                           verifier=self.spec.verifier)
+                           verifier=self.spec.verifier,
+                           draft_tokens=self._drafting.draft_tokens)
 
     def _grammar(self, constraint: Optional[Constraint]) -> Optional[GrammarState]:
         """A constraint's state over the target's vocabulary, for one generation (the grammar

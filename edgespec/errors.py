@@ -48,16 +48,17 @@ class InvalidModelError(ModelLoadError):
 
 
 class IncompatiblePairError(EdgespecError):
-    """The draft model does not share the target's tokenizer."""
+    """The draft model neither shares the target's tokenizer nor enough of its tokens to
+    draft across vocabularies."""
 
     options = ("draft",)
 
     def __init__(self, difference: str):
         self.difference = difference
         super().__init__(
-            f"draft and target are not compatible: {difference}; the draft must share the "
-            "target's tokenizer (same vocabulary and special tokens) — pick a draft of the same "
-            "model family, or load the target without a draft")
+            f"draft and target are not compatible: {difference}; pick a draft that shares the "
+            "target's tokenizer or most of its tokens (one of the same model family drafts "
+            "best), or load the target without a draft")
 
 
 class ContextOverflowError(EdgespecError):

@@ -130,6 +130,7 @@ class _Run:
         self.stats.prompt_tokens_evaluated, self.first_row = prefill(
             self.target, self.req.prompt, self.cancelled)
         if self.draft is not None:
+            want = spec.draft_tokens(want)
             if self.cache is not None:
                 self.cache.prepare(self.draft, want, companion=self.head)
             self.draft.truncate(common_prefix(self.draft.tokens, want))

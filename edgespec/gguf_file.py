@@ -9,6 +9,7 @@ a model without loading it. It never allocates more than the file holds.
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import os
 import struct
@@ -61,6 +62,8 @@ class GGUFInfo:
     file_size: int
     metadata: dict[str, object] = field(default_factory=dict)
     array_lengths: dict[str, int] = field(default_factory=dict)
+    # array key -> (start, end) byte offsets of its values in the file
+    array_spans: dict[str, tuple[int, int]] = field(default_factory=dict)
     # name -> (dims, ggml type, absolute offset of its data in the file, size in bytes)
     tensors: dict[str, tuple[tuple[int, ...], int, int, int]] = field(default_factory=dict)
 
@@ -203,7 +206,9 @@ def _parse(p: Path, mm, size: int) -> GGUFInfo:
         cur.pos += klen
         vtype = cur.unpack("<I")
         if vtype == _ARRAY:
+            start = cur.pos
             info.array_lengths[key] = _skip_array(cur, p, key)
+            info.array_spans[key] = (start, cur.pos)
         else:
             info.metadata[key] = _read_value(cur, vtype, p, key)
 
@@ -258,3 +263,25 @@ def check_causal_lm(info: GGUFInfo) -> None:
                                         "not a text-generation model")
     if info.n_tensors == 0:
         raise _bad(info.path, "it holds no tensors")
+
+
+# What a vocabulary is made of: its pieces, their kinds, the tokenizer and its special ids.
+_VOCAB_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.bos_token_id",
+               "tokenizer.ggml.eos_token_id", "tokenizer.ggml.add_bos_token")
+_VOCAB_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type")
+
+
+def vocab_hash(path: str | os.PathLike) -> str:
+    """A digest of a model file's vocabulary (its token texts and types, tokenizer and
+    special ids) read from the header: equal for two files exactly when the two tokenize
+    alike, whatever their weights (~0.1 s for a 262k vocabulary)."""
+    info = read_gguf(path)
+    h = hashlib.sha256()
+    for key in _VOCAB_KEYS:
+        h.update(f"{key}={info.metadata.get(key)!r};".encode())
+    with open(info.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        for key in _VOCAB_ARRAYS:
+            start, end = info.array_spans.get(key, (0, 0))
+            h.update(key.encode())
+            h.update(mm[start:end])
+    return h.hexdigest()[:32]

@@ -96,12 +96,13 @@ def cmd_pull(args) -> int:
             from .registry.hub import stop_log_propagation
             stop_log_propagation()
         if name in reg.pairs and not args.no_check:
-            target, draft = pairs.pull_pair(name, show_progress=show, log=_status,
-                                            require_commit=args.pinned)
+            target, draft, across = pairs.pull_pair(name, show_progress=show, log=_status,
+                                                    require_commit=args.pinned)
             print(f"{models[0].name}: {target}")
             print(f"{models[1].name}: {draft}")
-            _status(f"pair check passed: {models[1].name} shares {models[0].name}'s tokenizer; "
-                    f"run `edgespec chat --pair {name}`")
+            check = (f"{across}" if across else
+                     f"{models[1].name} shares {models[0].name}'s tokenizer")
+            _status(f"pair check passed: {check}; run `edgespec chat --pair {name}`")
             continue
         for m in models:
             path = pairs.ensure_model(m.name, show_progress=show, log=_status,

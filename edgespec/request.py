@@ -26,13 +26,16 @@ class Speculation:
     with the target (None: no draft model), its reduced output layer, the drafter (asked for
     once the generation's turn comes: building one may calibrate), the cost model's
     seconds for a plain target pass (the speed-up's reference when no round was plain), and
-    the acceptance rule for unseeded sampling (``SpecConfig.verifier``)."""
+    the acceptance rule for unseeded sampling (``SpecConfig.verifier``), and the context as
+    the draft's cache holds it (``draft_tokens``: the target's tokens in the draft's, for a
+    draft of another vocabulary)."""
 
     drafter: Callable[[], Optional["Drafter"]]
     draft: Optional["LoadedModel"] = None
     head: Optional["ReducedHead"] = None
     plain_cost: Callable[[], Optional[float]] = lambda: None
     verifier: str = "block"
+    draft_tokens: Callable[[list[int]], list[int]] = lambda tokens: tokens
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,13 @@ why = "self-speculative test pair"
 target = "hub-smollm2-q4_1"
 draft = "hub-gemma-q4_k_m"
 description = "two different tokenizers"
-why = "must be refused by the pair check"
+why = "must be refused by the pair check: few of Gemma's tokens are SmolLM2's"
+
+[pairs.across]
+target = "hub-gemma-q4_k_m"
+draft = "hub-smollm2-q4_1"
+description = "a draft of another family"
+why = "most of SmolLM2's tokens are Gemma's: drafts across the vocabularies"
 """
 
 
@@ -133,7 +139,19 @@ def test_a_pair_with_different_tokenizers_is_refused_after_pull(site, gemma_q4_p
     server, env = site
     server.add_file(GEMMA_REPO, "gemma-3-270m.Q4_K_M.gguf", gemma_q4_path)
     assert_user_error(edgespec(env, "pull", "mismatched"), "not compatible",
-                      "tokenizer types differ")
+                      "tokenizer types differ", "only 17.6% of the draft's tokens map to the "
+                      "target's (drafting across vocabularies needs 50%)")
+
+
+def test_a_draft_of_another_family_is_pulled_and_said_to_draft_across(site, gemma_q4_path):
+    server, env = site
+    server.add_file(GEMMA_REPO, "gemma-3-270m.Q4_K_M.gguf", gemma_q4_path)
+    proc = edgespec(env, "pull", "across")
+    assert proc.returncode == 0, proc.stderr
+    assert ("pair check passed: draft and target use different vocabularies: 93.8% of the "
+            "draft's tokens map to the target's; drafting across them; run `edgespec chat "
+            "--pair across`") in proc.stderr
+    assert "across               downloaded" in edgespec(env, "pairs").stdout
 
 
 def test_offline_and_not_cached_names_the_command_that_downloads_it(site):

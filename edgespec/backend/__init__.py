@@ -4,6 +4,7 @@
 - :mod:`.model` — :class:`LlamaModel`: one GGUF and its context (eval, truncate, tokenize)
 - :mod:`.tap` — the eval-callback tap that reads the final hidden state
 - :mod:`.vocab` — vocabularies and the pair compatibility check
+- :mod:`.vocab_map` — the map between two vocabularies, for a draft of another family
 - :mod:`.quantize` — llama.cpp's quantizer
 - :mod:`.peer` — llama-cpp-python's high-level API, for benchmarks
 - :mod:`.rpc` — llama.cpp's RPC backend (workers, endpoints, probes), through ctypes
@@ -20,8 +21,9 @@ from .quantize import FTYPES, check_ftype, quantize
 from .remote import RemoteModel, open_model, placement, rpc_endpoints
 from .runtime import LLAMA_CPP_VERSION, backend_info, release_free_heap
 from .vocab import GrammarVocab, VocabOnly, check_compatible, check_compatible_files
+from .vocab_map import VocabMap, check_pair, check_pair_files
 
 __all__ = ["LlamaModel", "FTYPES", "check_ftype", "quantize", "LLAMA_CPP_VERSION",
            "backend_info", "cpu_check_info", "release_free_heap", "GrammarVocab", "VocabOnly",
            "check_compatible", "check_compatible_files", "RemoteModel", "open_model", "placement",
-           "rpc_endpoints", "open_pair"]
+           "rpc_endpoints", "open_pair", "VocabMap", "check_pair", "check_pair_files"]

@@ -1,5 +1,6 @@
 """A target and its draft opened as one step: each model with its own settings, the pair
-check, and both closed again when either fails."""
+check (a shared tokenizer, or a map between two vocabularies), and both closed again when
+either fails."""
 
 from __future__ import annotations
 
@@ -7,28 +8,32 @@ from typing import Callable, Optional
 
 from ..config import ModelConfig
 from .remote import open_model
-from .vocab import check_compatible
+from .vocab_map import check_pair
 
 
 def open_pair(target: ModelConfig, draft: Optional[ModelConfig], *,
               draft_tap_min_vocab: Optional[int] = None,
               progress: Callable[[str], None] = lambda s: None) -> tuple:
-    """(target model, draft model or None), the draft checked to share the target's
-    tokenizer (:class:`~edgespec.errors.IncompatiblePairError` names the first difference).
+    """(target model, draft model or None, vocabulary map or None): the draft shares the
+    target's tokenizer (no map), or enough of its tokens to draft across the two vocabularies
+    (:func:`~edgespec.backend.vocab_map.check_pair`; progress is told so); else
+    :class:`~edgespec.errors.IncompatiblePairError` names the difference.
     ``draft_tap_min_vocab``: see :class:`~edgespec.backend.LlamaModel`."""
     progress(f"loading the target {target.path.name}…")
     t_model = open_model(target)
     try:
         if draft is None:
-            return t_model, None
+            return t_model, None, None
         progress(f"loading the draft {draft.path.name}…")
         d_model = open_model(draft, tap_min_vocab=draft_tap_min_vocab)
         try:
-            check_compatible(t_model, d_model)
+            vmap = check_pair(t_model, d_model)
         except BaseException:
             d_model.close()
             raise
-        return t_model, d_model
+        if vmap is not None:
+            progress(f"{vmap.describe()} ({vmap.difference})")
+        return t_model, d_model, vmap
     except BaseException:
         t_model.close()
         raise

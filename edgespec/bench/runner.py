@@ -139,7 +139,7 @@ def run_bench(engine, prompts: list[str], *, max_tokens: int, sampling: Sampling
     configs = make_configs(ks, engine.draft is not None, peers, constraint is not None,
                            seeded=not sampling.greedy)
     engines = {c.name: Engine(engine.target, engine.draft, c.spec,
-                              draft_head=engine.draft_head)
+                              draft_head=engine.draft_head, vocab_map=engine.vocab_map)
                for c in configs if c.spec is not None}
     peer_objs = {}
     try:

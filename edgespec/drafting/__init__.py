@@ -19,7 +19,9 @@ from .model import ModelDrafter
 from .ngram import NgramDrafter
 from .policy import AdaptiveLength, FixedLength, LengthPolicy
 from .reduced_head import HEAD_MIN_VOCAB, ReducedHead
+from .cross_vocab import Translation
 
 __all__ = ["Draft", "Drafter", "CostCache", "Costs", "calibrate", "calibrate_cached",
            "HybridDrafter", "ModelDrafter", "NgramDrafter", "AdaptiveLength", "FixedLength",
-           "LengthPolicy", "HEAD_MIN_VOCAB", "ReducedHead", "make_drafter", "EngineDrafting"]
+           "LengthPolicy", "HEAD_MIN_VOCAB", "ReducedHead", "make_drafter", "EngineDrafting",
+           "Translation"]

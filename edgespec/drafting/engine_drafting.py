@@ -13,6 +13,7 @@ from ..errors import InvalidParameterError
 from ..lm import LanguageModel
 from ..threads import governors_suspended
 from .base import Drafter
+from .cross_vocab import Translation
 from .costs import CostCache, Costs, calibrate, calibrate_cached
 from .hybrid import HybridDrafter
 from .model import ModelDrafter
@@ -23,10 +24,11 @@ from .reduced_head import ReducedHead
 
 def make_drafter(spec: SpecConfig, *, costs: Optional[Costs], k_max: int,
                  draft_model: Optional[LanguageModel] = None, eog: frozenset[int] = frozenset(),
-                 head: Optional[ReducedHead] = None) -> Optional[Drafter]:
+                 head: Optional[ReducedHead] = None, cross=None) -> Optional[Drafter]:
     """The drafter ``spec`` names, each source with its own length policy: the cost model over
     ``costs`` (drafts of at most ``k_max``), or the spec's fixed K when it pins one. ``costs``
-    may be None only for a fixed K. None for ``drafter="none"``."""
+    may be None only for a fixed K. None for ``drafter="none"``. ``cross``: a draft model of
+    another vocabulary (see :class:`~.model.ModelDrafter`)."""
     fixed = not spec.is_adaptive
 
     def policy(c: Optional[Costs]) -> LengthPolicy:
@@ -34,7 +36,7 @@ def make_drafter(spec: SpecConfig, *, costs: Optional[Costs], k_max: int,
 
     def model_drafter() -> ModelDrafter:
         assert draft_model is not None, f"the {spec.drafter} drafter needs a draft model"
-        return ModelDrafter(draft_model, eog, policy(costs), head)
+        return ModelDrafter(draft_model, eog, policy(costs), head, cross)
 
     if spec.drafter is DrafterKind.MODEL:
         return model_drafter()
@@ -61,8 +63,12 @@ class EngineDrafting:
     REMEASURE_BUDGET = 3.0
 
     def __init__(self, spec: SpecConfig, target, draft, head: Optional[ReducedHead] = None, *,
+                 cross: Optional[tuple[Translation, object, object]] = None,
                  recalibrate: bool = False, progress: Callable[[str], None] = lambda s: None):
         self.spec, self.target, self.draft, self.head = spec, target, draft, head
+        # A draft of another vocabulary: (the context in its tokens, its ids to the target's,
+        # the target's to its); one translation serves every drafter and the prompt pass.
+        self.cross = cross
         self.costs: Optional[Costs] = None
         self._by_kind: dict = {}
         self._recalibrate, self._progress = recalibrate, progress
@@ -136,8 +142,13 @@ class EngineDrafting:
                 self._calibrate()
             self._by_kind[kind] = make_drafter(
                 spec, costs=self.costs, k_max=min(spec.k_max, self.target.n_outputs_max - 1),
-                draft_model=self.draft, eog=self.target.vocab.eog, head=self.head)
+                draft_model=self.draft, eog=self.target.vocab.eog, head=self.head,
+                cross=self.cross)
         return self._by_kind[kind]
+
+    def draft_tokens(self, context: list[int]) -> list[int]:
+        """``context`` (target tokens) as the draft model's cache holds it."""
+        return context if self.cross is None else list(self.cross[0].tokens(context))
 
     def set_draft_max(self, draft_max: Optional[int]) -> None:
         """See :meth:`edgespec.engine.Engine.set_draft_max`."""

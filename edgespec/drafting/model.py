@@ -1,4 +1,6 @@
-"""Drafting with a small model that shares the target's tokenizer.
+"""Drafting with a small model: one that shares the target's tokenizer, or one of another
+family through a :class:`~.cross_vocab.Translation` (its proposals restricted to the tokens
+both vocabularies hold, :mod:`.cross_vocab`).
 
 The draft never delays the target's first token (the loop takes it from the prompt pass's
 last row, without asking the drafter), and a draft cache far behind the context (a long
@@ -19,8 +21,10 @@ import numpy as np
 
 from ..config import SamplingParams
 from ..lm import LanguageModel
-from ..sampling import Dist, draw, warp
+from ..sampling import Dist, apply_penalties, draw, warp
+from ..prompt_cache import common_prefix
 from .base import Draft
+from .cross_vocab import Translation, restrict
 from .policy import LengthPolicy
 from .reduced_head import ReducedHead
 
@@ -66,11 +70,16 @@ class ModelDrafter:
     PROMPT_TOKEN_SHARE = 0.5
 
     def __init__(self, model: LanguageModel, eog: frozenset[int], policy: LengthPolicy,
-                 head: Optional[ReducedHead] = None):
+                 head: Optional[ReducedHead] = None,
+                 cross: Optional[tuple[Translation, np.ndarray, np.ndarray]] = None):
         self.model = model
         self.eog = eog
         self.policy = policy
         self.head = head        # None: llama.cpp's own output layer over the whole vocabulary
+        # Across vocabularies: the context in the draft's tokens, and its ids to the target's
+        # and back (-1: none). Positions in the draft's cache are then its own tokens'.
+        self.translation, self._to_target, self._to_draft = cross or (None, None, None)
+        self._shared = self._to_target >= 0 if self._to_target is not None else None
         # Seconds per token to bring the cache up to the context after others committed
         # tokens it has not seen (n-gram rounds); None until measured on a batch of 4+.
         self.catch_up_cost: Optional[float] = None
@@ -115,36 +124,51 @@ class ModelDrafter:
             return self.catch_up(context)
         t0 = time.perf_counter()
         m = self.model
-        n_cached = len(m.tokens)
         seen = self._view(context)          # what the draft reads: the context, or a window
+        if not seen:
+            return Draft()
+        n_cached = len(m.tokens)
         assert m.tokens == seen[:n_cached], "draft cache diverged from the context"
+        if n_cached == len(seen):       # (across vocabularies: the last token added none)
+            n_cached -= 1
+            m.truncate(n_cached)
         if self.head is not None:
-            self.head.follow(context)
+            self.head.follow(self._tokens(context))
         ids, vals = self._step(seen[n_cached:])
         self._measure_catch_up(len(seen) - n_cached, time.perf_counter() - t0)
         d = Draft(source="model", caught_up=max(0, len(seen) - n_cached - 1))
         need_conf = self.policy.needs_confidence
         plain_greedy = params.greedy and not params.uses_penalty
         tail = list(context[-params.repeat_last_n:]) if params.uses_penalty else []
+        if tail and self.translation is not None:
+            tail = self.translation.extend(tail)
         own_max = min(k_max, self._planned)     # the policy's tokens; free ones come on top
         drawn = 0
         while drawn < own_max:
-            allowed = None
-            if constraint is not None:      # q is masked exactly as the target's p will be
-                allowed = constraint.mask()
-                allowed = allowed if ids is None else allowed[ids]
-                if not allowed.any():       # no allowed token in the draft's vocabulary
+            if self.translation is not None:
+                tq = time.perf_counter()
+                found = self._cross_q(ids, vals, params, tail, constraint, need_conf)
+                self.translation.q_seconds += time.perf_counter() - tq
+                if found is None:           # nothing allowed among the shared tokens
                     break
-                vals = np.where(allowed, vals, np.float32(-np.inf))
-            # The stop decision uses only this position's distribution (policy.py).
-            if plain_greedy:
-                j = int(np.argmax(vals))
-                q_i = Dist.one_hot(j if ids is None else int(ids[j]))
-                confidence = top_probability(vals) if need_conf else None
+                q_i, confidence = found
             else:
-                q_i = self._warp(ids, vals, params, tail, allowed)
-                confidence = ((top_probability(vals) if params.greedy else
-                               float(q_i.probs.max())) if need_conf else None)
+                allowed = None
+                if constraint is not None:      # q is masked exactly as the target's p will be
+                    allowed = constraint.mask()
+                    allowed = allowed if ids is None else allowed[ids]
+                    if not allowed.any():       # no allowed token in the draft's vocabulary
+                        break
+                    vals = np.where(allowed, vals, np.float32(-np.inf))
+                # The stop decision uses only this position's distribution (policy.py).
+                if plain_greedy:
+                    j = int(np.argmax(vals))
+                    q_i = Dist.one_hot(j if ids is None else int(ids[j]))
+                    confidence = top_probability(vals) if need_conf else None
+                else:
+                    q_i = self._warp(ids, vals, params, tail, allowed)
+                    confidence = ((top_probability(vals) if params.greedy else
+                                   float(q_i.probs.max())) if need_conf else None)
             if should_stop() or not self.policy.keep_drafting(drawn, confidence):
                 break
             x_i = draw(q_i, params, rng, len(context) + len(d.x))
@@ -173,10 +197,13 @@ class ModelDrafter:
             d.add(forced)
             if drawn == own_max or len(d.x) == k_max or self.eog.intersection(forced):
                 break
+            step = [x_i, *forced]
+            if self.translation is not None:
+                step = self.translation.extend(step)
             if tail:
-                tail += [x_i, *forced]
+                tail += step
             ts = time.perf_counter()
-            ids, vals = self._step([x_i, *forced])
+            ids, vals = self._step(step)
             if not forced:      # the cost model's draft cost is a one-token step's
                 d.step_seconds.append(time.perf_counter() - ts)
         d.seconds = time.perf_counter() - t0
@@ -189,12 +216,20 @@ class ModelDrafter:
                             k_verified=len(draft.x))
 
     def rollback(self, n_keep: int) -> None:
+        self._seen = n_keep + 1
+        if self.translation is not None:
+            # The cache may keep what it holds past the translation known so far (the
+            # accepted drafts): the next draft trims it where it stops matching (_view).
+            n = self.translation.truncate(n_keep)
+            if self._skip is not None and n < self._skip[1]:
+                self.model.truncate(min(n, self._skip[0]))
+                self._skip = None
+            return
         if self._skip is not None and n_keep < self._skip[1]:
             self.model.truncate(min(n_keep, self._skip[0]))     # back into the window's gap
             self._skip = None
         else:
             self.model.truncate(self._seen_len(n_keep))
-        self._seen = n_keep + 1
 
     # -- catching up ------------------------------------------------------------------------
 
@@ -252,7 +287,7 @@ class ModelDrafter:
         saving = getattr(self.policy, "saving", None)
         if saving is None:
             return
-        n, size = len(self.model.tokens), len(context)
+        n, size = len(self.model.tokens), len(self._tokens(context))
         cost = self.catch_up_cost or self.PROMPT_TOKEN_SHARE * self.policy.costs.draft
         ahead = self.tokens_ahead(size)
 
@@ -269,18 +304,33 @@ class ModelDrafter:
                     best, choice = value, (a, b)
         self._skip = choice
 
+    def _tokens(self, context: Sequence[int]) -> Sequence[int]:
+        """The context in the draft's tokens."""
+        return context if self.translation is None else self.translation.tokens(context)
+
     def _view(self, context: Sequence[int]) -> Sequence[int]:
-        """The context as the draft reads it (all of it, or the window chosen)."""
-        if self._skip is None:
-            return context
-        a, b = self._skip
-        return list(context[:a]) + list(context[b:])
+        """The context as the draft reads it (all of it, or the window chosen), in its own
+        tokens. Across vocabularies the cache is first trimmed to what still matches it (a
+        re-tokenised run, drafts that were rejected)."""
+        seen = self._tokens(context)
+        if self._skip is not None:
+            a, b = self._skip
+            seen = list(seen[:a]) + list(seen[b:])
+        if self.translation is not None:
+            m = self.model
+            n = len(m.tokens)
+            if m.tokens != seen[:n]:
+                m.truncate(common_prefix(m.tokens, seen))
+        return seen
 
     def _seen_len(self, n: int) -> int:
-        """How long the first ``n`` context tokens are as the draft reads them."""
+        """How long the first ``n`` context tokens are as the draft reads them (the same
+        vocabulary)."""
         return n if self._skip is None else n - (self._skip[1] - self._skip[0])
 
     def _lag(self, context: Sequence[int]) -> int:
+        if self.translation is not None:
+            return len(self._view(context)) - len(self.model.tokens)
         return self._seen_len(len(context)) - len(self.model.tokens)
 
     # -- for a hybrid drafter -------------------------------------------------------------
@@ -314,6 +364,50 @@ class ModelDrafter:
         if hidden is None:
             return None, self.model.last_logits()
         return self.head.subset_logits(hidden)
+
+    def _cross_q(self, ids: Optional[np.ndarray], vals: np.ndarray, params: SamplingParams,
+                 tail: list[int], constraint: Optional["GrammarState"],
+                 need_conf: bool) -> Optional[tuple[Dist, Optional[float]]]:
+        """(q over the target's ids, confidence) of a draft across vocabularies: the draft's
+        distribution over the tokens both vocabularies hold (greedy: their argmax), a grammar
+        applied to their target ids; None when no such token is allowed. ``tail``: the
+        penalties' history in the draft's tokens."""
+        tids = self._to_target if ids is None else self._to_target[ids]
+        ok = self._shared if ids is None else tids >= 0     # (in this row's index space)
+        if constraint is not None:      # q is masked exactly as the target's p will be
+            ok = ok & constraint.mask()[np.maximum(tids, 0)]
+        if not ok.any():
+            return None
+        if params.greedy:
+            # The argmax over the shared (and allowed) tokens; penalties first, as warp does.
+            row = vals if not tail else self._penalised(ids, vals, params, tail)
+            j = int(np.argmax(row))
+            if ok[j]:       # the usual case: only the logits near the top are masked
+                near = np.flatnonzero(row > row[j] - _CONFIDENCE_WINDOW)
+                near = near[ok[near]]
+                confidence = (float(1.0 / np.exp(row[near] - row[j], dtype=np.float32).sum(
+                    dtype=np.float64)) if need_conf else None)
+                return Dist.one_hot(int(tids[j])), confidence
+            masked = np.where(ok, row, np.float32(-np.inf))
+            j = int(np.argmax(masked))
+            return (Dist.one_hot(int(tids[j])),
+                    top_probability(masked) if need_conf else None)
+        # Unshared tokens keep their place in the warp (top-k/top-p see the draft's own
+        # distribution); restrict() then removes them and renormalises.
+        shown = ok | (tids < 0)
+        q_d = self._warp(ids, vals if shown.all() else np.where(shown, vals, np.float32(-np.inf)),
+                         params, tail, None if shown.all() else shown)
+        q_i = restrict(q_d, self._to_target)
+        if q_i is None:
+            return None
+        return q_i, float(q_i.probs.max()) if need_conf else None
+
+    def _penalised(self, ids: Optional[np.ndarray], vals: np.ndarray, params: SamplingParams,
+                   tail: list[int]) -> np.ndarray:
+        """This row's logits with the penalties applied (in its own index space)."""
+        if ids is None:
+            return apply_penalties(vals, params, tail)
+        return apply_penalties(self.head.last_row(), params, tail)[ids]
 
     def _warp(self, ids: Optional[np.ndarray], vals: np.ndarray, params: SamplingParams,
               tail: list[int], allowed: Optional[np.ndarray] = None) -> Dist:

@@ -80,7 +80,8 @@ class ReducedHead:
     not depend on what was generated before it.
     """
 
-    def __init__(self, model: HiddenStateModel, rows: int = HEAD_ROWS, max_extra: int = 16384):
+    def __init__(self, model: HiddenStateModel, rows: int = HEAD_ROWS, max_extra: int = 16384,
+                 shared: Optional[np.ndarray] = None):
         n = model.n_vocab
         ids = set(range(min(rows, n))) | set(model.vocab.eog)
         for i in range(min(rows, n), n):
@@ -89,6 +90,11 @@ class ReducedHead:
                 ids.add(i)
         self.model, self.n_vocab = model, n
         self.ids = np.array(sorted(ids), dtype=np.int64)
+        # A draft of another vocabulary proposes only the tokens both hold (``shared``, a mask
+        # over its ids): the head has no rows for the others.
+        self._shared = shared
+        if shared is not None:
+            self.ids = self.ids[shared[self.ids]]
         # Stored transposed (n_embd × rows, contiguous): the layout BLAS multiplies fastest.
         self.wt = np.ascontiguousarray(model.output_rows(self.ids).T)
         self._member = np.zeros(n, dtype=bool)
@@ -147,6 +153,8 @@ class ReducedHead:
         """Add the output rows of these tokens (those not in the subset yet)."""
         t = np.unique(np.asarray(tokens, dtype=np.int64))
         t = t[(t >= 0) & (t < self.n_vocab)]
+        if self._shared is not None:
+            t = t[self._shared[t]]
         new = t[~self._member[t]][:len(self._extra_ids) - self._n_extra]
         if new.size:
             k = self._n_extra

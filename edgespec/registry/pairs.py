@@ -73,6 +73,7 @@ class PairEntry:
     draft: str
     description: str = ""
     why: str = ""
+    across: bool = False        # the draft is of another family: it drafts across vocabularies
 
 
 @dataclass
@@ -184,7 +185,10 @@ def parse_registry(text: str) -> Registry:
         for key in ("description", "why"):
             if not isinstance(p.get(key), str) or not p[key].strip():
                 raise RegistryError(f"pair '{name}' needs a '{key}'")
-        reg.pairs[name] = PairEntry(name, p["target"], p["draft"], p["description"], p["why"])
+        if not isinstance(p.get("across", False), bool):
+            raise RegistryError(f"pair '{name}': 'across' is true or false")
+        reg.pairs[name] = PairEntry(name, p["target"], p["draft"], p["description"], p["why"],
+                                    p.get("across", False))
     return reg
 
 
@@ -285,15 +289,17 @@ def ensure_pair(name: str, **kwargs) -> tuple[Path, Path]:
     return ensure_model(pair.target, **kwargs), ensure_model(pair.draft, **kwargs)
 
 
-def pull_pair(name: str, **kwargs) -> tuple[Path, Path]:
-    """:func:`ensure_pair`, then the tokenizer compatibility check on the two files.
+def pull_pair(name: str, **kwargs) -> tuple[Path, Path, Optional[str]]:
+    """:func:`ensure_pair`, then the tokenizer check on the two files: (target, draft, None)
+    when the draft shares the target's tokenizer, else (…, what the map between their
+    vocabularies says: the share of the draft's tokens that are the target's).
 
-    Raises :class:`~edgespec.errors.IncompatiblePairError` naming the first difference.
+    Raises :class:`~edgespec.errors.IncompatiblePairError` naming the difference.
     """
     target, draft = ensure_pair(name, **kwargs)
-    from ..backend import check_compatible_files
-    check_compatible_files(target, draft)
-    return target, draft
+    from ..backend import check_pair_files
+    vmap = check_pair_files(target, draft)
+    return target, draft, vmap.describe() if vmap is not None else None
 
 
 def remove_model(name: str) -> int:
