@@ -235,3 +235,18 @@ def test_the_product_runs_blas_on_one_thread_and_puts_the_count_back(monkeypatch
     assert seen == [[1] * len(libs)]
     assert [lib.get_num_threads() for lib in libs] == before
     np.testing.assert_allclose(out, vec @ mat, rtol=1e-4, atol=1e-4)
+
+
+def test_a_draft_of_another_vocabulary_gets_rows_only_for_the_shared_tokens(twins):
+    """Across vocabularies the head has no rows for tokens the target lacks: they could never
+    be proposed (here: Gemma's odd ids are taken to be the target's lacking ones)."""
+    tapped, _ = twins
+    shared = np.zeros(tapped.n_vocab, dtype=bool)
+    shared[::2] = True
+    head = ReducedHead(tapped, rows=4096, max_extra=64, shared=shared)
+    assert head.size and shared[head.ids].all()
+    words = tapped.tokenize(" thermodynamics cooperative photosynthesis", add_special=False)
+    head.include(words)
+    ids, _ = head.subset_logits(np.ones(head.wt.shape[0], dtype=np.float32))
+    assert shared[ids].all()
+    assert set(t for t in words if shared[t]) <= set(ids.tolist())

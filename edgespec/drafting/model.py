@@ -94,6 +94,7 @@ class ModelDrafter:
         # context[:a] + context[b:]); whether this generation chose already.
         self._skip: Optional[tuple[int, int]] = None
         self._chosen = False
+        self._plain_rounds = 0      # plain rounds of this answer since the model last drafted
 
     # -- the contract ---------------------------------------------------------------------
 
@@ -104,6 +105,7 @@ class ModelDrafter:
                                   self.answer_tokens + self.ANSWER_EMA * (n - self.answer_tokens))
         self._start = self._seen = len(context)
         self._limit = limit
+        self._plain_rounds = 0
         if self._skip is not None:      # a window of the last conversation: read afresh
             self.model.truncate(min(len(self.model.tokens), self._skip[0]))
         self._skip, self._chosen = None, False
@@ -132,6 +134,8 @@ class ModelDrafter:
         if n_cached == len(seen):       # (across vocabularies: the last token added none)
             n_cached -= 1
             m.truncate(n_cached)
+        if not self._reentry_pays(len(seen) - n_cached):
+            return Draft()
         if self.head is not None:
             self.head.follow(self._tokens(context))
         ids, vals = self._step(seen[n_cached:])
@@ -210,6 +214,7 @@ class ModelDrafter:
         return d
 
     def observe(self, draft: Draft, n_accepted: int, verify_seconds: float) -> None:
+        self._plain_rounds = 0 if draft.source == "model" else self._plain_rounds + 1
         # The policy learns from the tokens it chose, not from forced or n-gram ones.
         k, n, confidences = draft.own(n_accepted)
         self.policy.observe(k, n, confidences, draft.step_seconds, verify_seconds,
@@ -253,6 +258,22 @@ class ModelDrafter:
             d.caught_up = len(chunk)
         d.seconds = time.perf_counter() - t0
         return d
+
+    def _reentry_pays(self, lag: int) -> bool:
+        """Whether drafting again after plain rounds of this answer is worth it: the first
+        step must then also evaluate the tokens those rounds committed (``lag`` tokens where
+        one is the rule), and a batch of a few tokens costs a small model about a step per
+        token on a CPU (docs/decisions.md). This round's expected saving must repay that, or
+        the round stays plain: a pair that barely pays would otherwise lose more on each
+        return than its drafts gain. (The prompt's tokens are not counted: reading them is
+        repaid over the whole answer, :meth:`catch_up_worth`.)"""
+        extra = min(lag - 1, self._plain_rounds)
+        expected = getattr(self.policy, "expected", None)
+        if extra <= 0 or expected is None:      # (a pinned draft length drafts regardless)
+            return True
+        per_token = self.catch_up_cost or self.PROMPT_TOKEN_SHARE * self.policy.costs.draft
+        tokens, _ = expected(max(1, self._planned))
+        return self.policy.catch_up_pays(extra * per_token, tokens)
 
     def tokens_ahead(self, position: int) -> float:
         """How many more tokens this answer is expected to have at ``position`` (a context
@@ -337,6 +358,7 @@ class ModelDrafter:
 
     def rest(self) -> None:
         """Another source drafted this round."""
+        self._plain_rounds += 1
         self.policy.rest()
 
     def catch_up_seconds(self, context: Sequence[int]) -> Optional[float]:
