@@ -134,3 +134,20 @@ def test_unseeded_sampling_drafts_and_stops_where_asked(across):
                             speculative=False)
     assert across.generate(PROMPTS[0], max_tokens=16, sampling=GREEDY, raw=True).tokens \
         == plain.tokens
+
+
+@pytest.mark.parametrize("engine_name", ["across", "across_hybrid"])
+def test_a_long_prompt_is_caught_up_in_the_drafts_tokens_and_the_answer_is_the_targets(
+        engine_name, request):
+    """Over 64 tokens behind, the draft catches up a chunk of its own tokens per round (the
+    cost model may also choose to read a window of the prompt): the answer is the target's."""
+    eng = request.getfixturevalue(engine_name)
+    topics = pytest.importorskip("pydoc_data.topics").topics
+    passage = topics["assignment"][:2400]
+    prompt = passage + "\n\nIn one sentence, the text above says that"
+    assert len(eng.prompt_tokens(prompt, raw=True)) > 400
+    plain = eng.generate(prompt, max_tokens=20, sampling=GREEDY, raw=True, speculative=False)
+    spec = eng.generate(prompt, max_tokens=20, sampling=GREEDY, raw=True)
+    assert spec.tokens == plain.tokens
+    if engine_name == "across":         # a pinned length always catches up, chunk by chunk
+        assert spec.stats.loop.caught_up > 64 and spec.stats.loop.drafted > 0

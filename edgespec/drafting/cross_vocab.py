@@ -31,8 +31,10 @@ LOOK_BEHIND = 16
 def restrict(q: Dist, to_target: np.ndarray) -> Optional[Dist]:
     """The draft's ``q`` (over its own ids) restricted to the ids that have a target
     counterpart, renormalised, over the target's ids; None when none of its mass is there."""
-    ids = q.ids if q.ids is not None else np.arange(q.probs.size)
-    t = to_target[ids]
+    if q.ids is None:       # a whole row: no ids to look up
+        t = to_target[:q.probs.size]
+    else:
+        t = to_target[q.ids]
     live = t >= 0
     probs = q.probs[live]
     total = float(probs.sum())

@@ -271,9 +271,10 @@ class ModelDrafter:
         expected = getattr(self.policy, "expected", None)
         if extra <= 0 or expected is None:      # (a pinned draft length drafts regardless)
             return True
-        per_token = self.catch_up_cost or self.PROMPT_TOKEN_SHARE * self.policy.costs.draft
-        tokens, _ = expected(max(1, self._planned))
-        return self.policy.catch_up_pays(extra * per_token, tokens)
+        costs = self.policy.costs
+        per_token = self.catch_up_cost or self.PROMPT_TOKEN_SHARE * costs.draft
+        tokens, seconds = expected(max(1, self._planned))
+        return tokens * costs.t(1) > seconds + extra * per_token
 
     def tokens_ahead(self, position: int) -> float:
         """How many more tokens this answer is expected to have at ``position`` (a context
@@ -416,9 +417,10 @@ class ModelDrafter:
                     top_probability(masked) if need_conf else None)
         # Unshared tokens keep their place in the warp (top-k/top-p see the draft's own
         # distribution); restrict() then removes them and renormalises.
-        shown = ok | (tids < 0)
-        q_d = self._warp(ids, vals if shown.all() else np.where(shown, vals, np.float32(-np.inf)),
-                         params, tail, None if shown.all() else shown)
+        shown = None if constraint is None else ok | (tids < 0)
+        if shown is not None:
+            vals = np.where(shown, vals, np.float32(-np.inf))
+        q_d = self._warp(ids, vals, params, tail, shown)
         q_i = restrict(q_d, self._to_target)
         if q_i is None:
             return None
