@@ -21,8 +21,8 @@ import numpy as np
 
 from ..config import SamplingParams
 from ..lm import LanguageModel
-from ..sampling import Dist, apply_penalties, draw, warp
 from ..prompt_cache import common_prefix
+from ..sampling import Dist, apply_penalties, draw, warp
 from .base import Draft
 from .cross_vocab import Translation, restrict
 from .policy import LengthPolicy
@@ -309,9 +309,9 @@ class ModelDrafter:
         saving = getattr(self.policy, "saving", None)
         if saving is None:
             return
-        n, size = len(self.model.tokens), len(self._tokens(context))
+        n, size = len(self.model.tokens), len(self._tokens(context))     # (the draft's tokens)
         cost = self.catch_up_cost or self.PROMPT_TOKEN_SHARE * self.policy.costs.draft
-        ahead = self.tokens_ahead(size)
+        ahead = self.tokens_ahead(len(context))
 
         def net(read: int, keep: float) -> float:
             return saving(ahead - read / self.CATCH_UP_CHUNK, keep) - read * cost
