@@ -164,7 +164,7 @@ class Engine:
     def _cross(target: LoadedModel, draft: Optional[LoadedModel],
                vmap: Optional[VocabMap]) -> Optional[tuple]:
         """What a drafter of another vocabulary needs (drafting/cross_vocab.py): the context
-        in the draft's tokens, and the two id maps."""
+        in the draft's tokens, and the draft's ids to the target's."""
         if vmap is None or draft is None:
             return None
         t_vocab, d_info = target.vocabulary, draft.vocab
@@ -174,7 +174,7 @@ class Engine:
         bos = (target.vocab.bos, [d_info.bos] if d_info.add_bos and d_info.bos >= 0 else [])
         translation = Translation(vmap.to_draft, lambda t: t_vocab.piece(t, special=True),
                                   tokenize, bos)
-        return translation, vmap.to_target, vmap.to_draft
+        return translation, vmap.to_target
 
     @staticmethod
     def _check_cache_ram(cache_ram) -> None:

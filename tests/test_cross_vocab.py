@@ -229,7 +229,7 @@ def cross_q(gemma_smol, draft_row, allowed_target, params):
         def mask(self):
             return allowed_target
     drafter = ModelDrafter(_NoModel(), frozenset(), FixedLength(1), None,
-                           (None, gemma_smol.to_target, gemma_smol.to_draft))
+                           (None, gemma_smol.to_target))
     q, _ = drafter._cross_q(None, draft_row, params, [], Constraint(), False)
     return q
 

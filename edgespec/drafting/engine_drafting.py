@@ -63,11 +63,11 @@ class EngineDrafting:
     REMEASURE_BUDGET = 3.0
 
     def __init__(self, spec: SpecConfig, target, draft, head: Optional[ReducedHead] = None, *,
-                 cross: Optional[tuple[Translation, object, object]] = None,
+                 cross: Optional[tuple[Translation, object]] = None,
                  recalibrate: bool = False, progress: Callable[[str], None] = lambda s: None):
         self.spec, self.target, self.draft, self.head = spec, target, draft, head
-        # A draft of another vocabulary: (the context in its tokens, its ids to the target's,
-        # the target's to its); one translation serves every drafter and the prompt pass.
+        # A draft of another vocabulary: (the context in its tokens, its ids to the target's);
+        # one translation serves every drafter and the prompt pass.
         self.cross = cross
         self.costs: Optional[Costs] = None
         self._by_kind: dict = {}

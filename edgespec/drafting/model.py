@@ -71,14 +71,14 @@ class ModelDrafter:
 
     def __init__(self, model: LanguageModel, eog: frozenset[int], policy: LengthPolicy,
                  head: Optional[ReducedHead] = None,
-                 cross: Optional[tuple[Translation, np.ndarray, np.ndarray]] = None):
+                 cross: Optional[tuple[Translation, np.ndarray]] = None):
         self.model = model
         self.eog = eog
         self.policy = policy
         self.head = head        # None: llama.cpp's own output layer over the whole vocabulary
         # Across vocabularies: the context in the draft's tokens, and its ids to the target's
-        # and back (-1: none). Positions in the draft's cache are then its own tokens'.
-        self.translation, self._to_target, self._to_draft = cross or (None, None, None)
+        # (-1: none). Positions in the draft's cache are then its own tokens'.
+        self.translation, self._to_target = cross or (None, None)
         self._shared = self._to_target >= 0 if self._to_target is not None else None
         # Seconds per token to bring the cache up to the context after others committed
         # tokens it has not seen (n-gram rounds); None until measured on a batch of 4+.
