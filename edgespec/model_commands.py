@@ -60,7 +60,8 @@ def cmd_pairs(args) -> int:
             print(f"    why: {p.why}")
             licences = dict.fromkeys(reg.models[m].license for m in (p.target, p.draft))
             print(f"    licence: {', '.join(licences)}")
-    own = _unlisted_files()
+    from .catalogue import own_files
+    own = own_files()
     if own:
         print(f"{'your models':20} {'':18} files in {own[0].parent} (e.g. made by "
               "`edgespec pair derive`)")
@@ -103,12 +104,23 @@ def cmd_pull(args) -> int:
             check = (f"{across}" if across else
                      f"{models[1].name} shares {models[0].name}'s tokenizer")
             _status(f"pair check passed: {check}; run `edgespec chat --pair {name}`")
+            _served(target, draft)
             continue
         for m in models:
             path = pairs.ensure_model(m.name, show_progress=show, log=_status,
                                       require_commit=args.pinned)
             print(f"{m.name}: {path}")
+            if len(models) == 1:
+                _served(path)
     return 0
+
+
+def _served(target: Path, draft: Optional[Path] = None) -> None:
+    """Say the name ``edgespec serve`` gives what was just pulled (the catalogue's)."""
+    from .catalogue import served_as
+    name = served_as(target, draft)
+    if name is not None:
+        _status(f"`edgespec serve` offers it as '{name}'")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -116,21 +128,22 @@ def cmd_pull(args) -> int:
 
 
 def cmd_rm(args) -> int:
+    from .catalogue import own_file
     from . import paths
     from .registry import pairs
     from .registry.downloads import human_size
     for name in args.names:
-        if Path(name).expanduser().is_file() and _own_file(name) is None:
+        if Path(name).expanduser().is_file() and own_file(name) is None:
             raise EdgespecError(f"{name} is not in the models folder ({paths.models_dir()}): "
                                 "edgespec removes only the files it keeps there")
-        if _is_hub_spec(name) and _own_file(name) is None:
+        if _is_hub_spec(name) and own_file(name) is None:
             from .registry.hub import HubFile, remove
             freed = remove(HubFile.parse(name))
             _status(f"{name}: " + (f"removed, {human_size(freed)} freed" if freed
                                   else "not downloaded"))
             continue
         reg = pairs.registry()
-        local = None if name in reg.pairs or name in reg.models else _own_file(name)
+        local = None if name in reg.pairs or name in reg.models else own_file(name)
         if local is not None:           # e.g. a draft made by `edgespec pair derive`
             size = local.stat().st_size
             local.unlink()
@@ -145,33 +158,12 @@ def cmd_rm(args) -> int:
     return 0
 
 
-def _own_file(name: str) -> Optional[Path]:
-    """The GGUF file in the models folder that ``name`` names (its file name, with or without
-    ``.gguf``, or its path), or None: files elsewhere are the user's own, never removed."""
-    from . import paths
-    folder = paths.models_dir().expanduser().resolve()
-    for p in (Path(name).expanduser(), folder / name, folder / f"{name}.gguf"):
-        if p.suffix == ".gguf" and p.is_file() and p.resolve().parent == folder:
-            return p
-    return None
-
-
-def _unlisted_files() -> list[Path]:
-    """GGUF files in the models folder that no registry entry names: drafts made by
-    `edgespec pair derive`, and anything put there by hand."""
-    from . import paths
-    from .registry.pairs import registry
-    known = {m.file for m in registry().models.values()}
-    folder = paths.models_dir()
-    return sorted(p for p in folder.glob("*.gguf") if p.name not in known) \
-        if folder.is_dir() else []
-
-
 # ---------------------------------------------------------------------------------------------
 # edgespec pair derive
 
 
 def cmd_pair_derive(args) -> int:
+    from .catalogue import own_file
     from .registry.downloads import human_size
     from .registry.pairs import derive_draft
     target = Path(args.target)
@@ -184,7 +176,7 @@ def cmd_pair_derive(args) -> int:
         _status("note: the draft is not much smaller than the target, so drafting costs nearly "
                 "as much as verifying; pick a lower --quant (e.g. Q2_K) for a real speed-up")
     _status(f"run: edgespec chat --target {target} --draft {draft}")
-    if _own_file(str(draft)) is not None:
+    if own_file(str(draft)) is not None:
         _status(f"remove it with: edgespec rm {draft.name}")
     return 0
 

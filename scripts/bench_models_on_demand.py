@@ -41,7 +41,7 @@ def main() -> int:
     import ollama
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from edgespec.server.models import entry_for
+    from edgespec.catalogue import entry_for
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "models"

@@ -14,8 +14,8 @@ import anyio
 import pytest
 
 from edgespec.errors import EdgespecError, EngineClosedError, ModelLoadError
-from edgespec.server.models import (CatalogEntry, ModelManager, ModelNotFound, entry_for,
-                                    find_entry, scan_catalog)
+from edgespec.catalogue import CatalogEntry, ModelNotFound, entry_for, find_entry, scan_catalog
+from edgespec.server.models import ModelManager
 
 
 class FakeEngine:

@@ -111,6 +111,7 @@ def test_pull_a_pair_verifies_checks_and_then_resolves_offline(site, tmp_path, s
     assert hashlib.sha256(q4.read_bytes()).hexdigest() == \
         hashlib.sha256(smollm2_q4_path.read_bytes()).hexdigest()
     assert "pair check passed" in proc.stderr
+    assert "`edgespec serve` offers it as 'tiny'" in proc.stderr     # the catalogue's name
     assert "tiny                 downloaded" in edgespec(env, "pairs").stdout
 
     # Offline: the cached pair is found and runs, and not one request reaches the hub.

@@ -58,7 +58,8 @@ from ..errors import (ConstraintError, ContextOverflowError, EdgespecError, Engi
                       TemplateError, TemplateRefused)
 from ..gguf_file import read_gguf
 from . import page
-from .models import ModelManager, ModelNotFound, entry_for
+from ..catalogue import ModelNotFound, entry_for
+from .models import ModelManager
 from .ollama import (OllamaReply, OllamaRequest, ollama_error_body, parse_ollama_chat,
                      parse_ollama_generate, ps_body, show_body, tags_body, version_body)
 from .protocol import APIError, GenerationRequest, parse_chat, parse_completion

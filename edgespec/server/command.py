@@ -181,7 +181,8 @@ def cmd_serve(args) -> int:
         import uvicorn
 
         from .app import create_app
-        from .models import ModelManager, entry_for, scan_catalog
+        from ..catalogue import entry_for, scan_catalog
+        from .models import ModelManager
         metrics = None
         if args.metrics:
             from .metrics import Metrics
