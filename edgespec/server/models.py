@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING, AsyncIterator, Callable, Mapping, Optional, Se
 import anyio
 
 from .. import paths
-from ..errors import EdgespecError, EngineClosedError, ModelLoadError, ModelNotFoundError
+from ..errors import (EdgespecError, EngineClosedError, MemoryBudgetError, ModelLoadError,
+                      ModelNotFoundError)
 from ..gguf_file import check_causal_lm, read_gguf
 from ..registry import model_path, registry
 from ..registry.pairs import is_present
@@ -488,8 +489,9 @@ class ModelManager:
 
         ``keep_alive``: seconds the model stays loaded after this request (Ollama's
         ``keep_alive``; None: the manager's). Raises :class:`ModelNotFound`, the load's
-        error (every request waiting for that load gets it), an :class:`EdgespecError` when
-        the model alone needs more than ``max_ram``, and
+        error (every request waiting for that load gets it), a
+        :class:`~edgespec.errors.MemoryBudgetError` when the model alone needs more than
+        ``max_ram``, and
         :class:`~edgespec.errors.EngineClosedError` after :meth:`close`. Holding a lease
         while acquiring another model can wait for ever when only one fits.
         """
@@ -513,9 +515,9 @@ class ModelManager:
         """A lease on ``entry``'s slot (its count raised), loading it first if need be."""
         need = entry.memory(self._n_ctx)
         if self.max_ram is not None and need > self.max_ram:
-            raise EdgespecError(f"the model '{entry.name}' needs about {_gb(need)} (files and "
-                                f"KV cache), more than --max-ram {_gb(self.max_ram)} allows: "
-                                "raise --max-ram or pick a smaller model")
+            raise MemoryBudgetError(f"the model '{entry.name}' needs about {_gb(need)} (files "
+                                    f"and KV cache), more than --max-ram {_gb(self.max_ram)} "
+                                    "allows: raise --max-ram or pick a smaller model")
         t0 = time.monotonic()
         awaited: Optional[_Slot] = None   # a load this request waits for
         while True:
