@@ -19,6 +19,7 @@ from .errors import (BackendError, ConstraintError, ContextOverflowError, Edgesp
                      EngineBusyError, EngineClosedError, IncompatiblePairError,
                      InvalidModelError, InvalidParameterError, ModelLoadError,
                      ModelNotFoundError, PromptTooLargeError, TemplateError, TemplateRefused)
+from .request import GenerationRequest
 from .results import Generation, GenerationStats, StreamEvent, TokenLogprob
 
 if TYPE_CHECKING:
@@ -32,8 +33,9 @@ __version__ = "0.1.0"
 _LAZY = {"Engine": "engine", "Stream": "streams", "AsyncStream": "streams",
          "Constraint": "constraints", "Tool": "tools", "ToolCall": "tools"}
 
-__all__ = ["Engine", "SamplingParams", "SpecConfig", "Generation", "GenerationStats", "Stream",
-           "AsyncStream", "StreamEvent", "TokenLogprob", "Constraint", "Tool", "ToolCall",
+__all__ = ["Engine", "GenerationRequest", "SamplingParams", "SpecConfig", "Generation",
+           "GenerationStats", "Stream", "AsyncStream", "StreamEvent", "TokenLogprob",
+           "Constraint", "Tool", "ToolCall",
            "EdgespecError", "InvalidParameterError", "ConstraintError",
            "ModelLoadError", "InvalidModelError", "IncompatiblePairError", "ContextOverflowError",
            "BackendError", "ModelNotFoundError", "EngineClosedError", "EngineBusyError",

@@ -36,15 +36,13 @@ from .errors import ContextOverflowError, EngineClosedError, InvalidParameterErr
 from .generation import not_started, run_generation
 from .lm import LoadedModel
 from .prompt_cache import PromptCache
-from .request import Request, Speculation, check_limits
+from .request import GenerationRequest, Prompt, Request, Speculation, check_limits
 from .results import Generation
 from .streams import AsyncStream, Job, Stream, Turnstile
 from .threads import govern
 from .tools import plan_request
 
 log = logging.getLogger(__name__)
-
-Prompt = Union[str, Sequence[Mapping[str, str]]]
 
 
 class Engine:
@@ -331,10 +329,20 @@ class Engine:
         the generation waits for its turn when the stream is first advanced. See
         :class:`~edgespec.streams.Stream` for cancelling and closing it.
         """
-        stop = check_limits(max_tokens, stop, logprobs)
-        sampling = sampling if sampling is not None else SamplingParams()
+        return self.submit(GenerationRequest(
+            prompt, max_tokens=max_tokens, sampling=sampling, speculative=speculative, raw=raw,
+            stop=stop, constraint=constraint, tools=tools, tool_choice=tool_choice,
+            parallel_tool_calls=parallel_tool_calls, logprobs=logprobs))
+
+    def submit(self, req: GenerationRequest) -> Stream:
+        """:meth:`stream` for a request built beforehand (a server's parsed body): the same
+        checks, errors and stream."""
+        stop = check_limits(req.max_tokens, req.stop, req.logprobs)
+        sampling = req.sampling if req.sampling is not None else SamplingParams()
+        constraint = req.constraint
         self._check_open()
-        plan = plan_request(prompt, tools, tool_choice, parallel=parallel_tool_calls,
+        plan = plan_request(req.prompt, req.tools, req.tool_choice,
+                            parallel=req.parallel_tool_calls,
                             native_template=self.template.writes_tool_call_tags)
         if plan is not None:
             if constraint is not None and plan.constraint is not None:
@@ -344,15 +352,15 @@ class Engine:
             tokens = self.prompt_tokens(plan.messages, tools=plan.template_tools,
                                         _validated=True)
         else:
-            tokens = self.prompt_tokens(prompt, raw=raw)
+            tokens = self.prompt_tokens(req.prompt, raw=req.raw)
         if len(tokens) >= self.n_ctx:
             raise ContextOverflowError(len(tokens), self.n_ctx)
-        req = Request(tokens, max_tokens, sampling, stop=stop,
-                      grammar=self._grammar(constraint), logprobs=logprobs,
+        run = Request(tokens, req.max_tokens, sampling, stop=stop,
+                      grammar=self._grammar(constraint), logprobs=req.logprobs,
                       finish=plan.finish if plan is not None else None,
-                      speculation=self._speculation(sampling) if speculative else None)
-        job = Job(self._turnstile, not_started(req))
-        return Stream(job, run_generation(job, self._turnstile, self.target, req,
+                      speculation=self._speculation(sampling) if req.speculative else None)
+        job = Job(self._turnstile, not_started(run))
+        return Stream(job, run_generation(job, self._turnstile, self.target, run,
                                           self.prompt_cache))
 
     def _speculation(self, sampling: SamplingParams) -> Optional[Speculation]:
@@ -384,6 +392,10 @@ class Engine:
         its own so the event loop stays responsive; see :class:`~edgespec.streams.AsyncStream`.
         """
         return AsyncStream(self.stream(prompt, **kwargs))
+
+    def asubmit(self, req: GenerationRequest) -> AsyncStream:
+        """:meth:`submit` for asyncio, as :meth:`astream` is :meth:`stream`'s."""
+        return AsyncStream(self.submit(req))
 
     async def agenerate(self, prompt: Prompt, **kwargs) -> Generation:
         """:meth:`generate` for asyncio (cancelling the awaiting task cancels it)."""

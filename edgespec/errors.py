@@ -106,6 +106,11 @@ class EngineClosedError(EdgespecError):
     """The Engine was closed; load a new one."""
 
 
+class MemoryBudgetError(EdgespecError):
+    """A model needs more memory than the budget a server was given for its models
+    (``--max-ram``): the message names the model, its estimate and the budget."""
+
+
 class EngineBusyError(EdgespecError):
     """This thread would wait for a generation that only it can finish (a stream it left
     open on the same Engine)."""

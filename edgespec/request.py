@@ -1,23 +1,55 @@
-"""One generation's request, and the speculation decided once for it.
+"""One generation's request, as asked for and as carried out, and the speculation decided
+once for it.
 
-:meth:`edgespec.engine.Engine.stream` checks the caller's arguments, tokenizes the prompt and
-builds a :class:`Request`; :func:`edgespec.generation.run_generation` carries it out. Every
-protocol in front of the Engine (the Python API, the OpenAI server) ends in the same object.
+A :class:`GenerationRequest` is what a caller asks for (a prompt, limits, sampling, tools):
+every protocol in front of the Engine (the Python API's keyword arguments, the server's
+OpenAI and Ollama bodies) builds one and hands it to :meth:`edgespec.engine.Engine.submit`,
+which checks it, tokenizes the prompt and builds a :class:`Request`;
+:func:`edgespec.generation.run_generation` carries that out.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union
 
+from . import config
 from .config import SamplingParams
 from .errors import InvalidParameterError
 from .results import Generation
 
 if TYPE_CHECKING:
-    from .constraints import GrammarState
+    from .constraints import Constraint, GrammarState
     from .drafting import Drafter, ReducedHead
     from .lm import LoadedModel
+
+Prompt = Union[str, Sequence[Mapping[str, str]]]
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What one generation asks for, before anything is checked or tokenized.
+
+    ``prompt``: a text, or chat messages; ``raw=True`` sends a text as-is, else it is wrapped
+    as a user message in the model's chat template. At most ``max_tokens``, sampled with
+    ``sampling``, stopped at any of ``stop``; ``speculative=False`` decodes with the target
+    alone. ``constraint``: the output matches it (a :class:`~edgespec.constraints.
+    Constraint`); ``tools`` / ``tool_choice`` / ``parallel_tool_calls``: functions the model
+    may call; ``logprobs``: each token's log probability with this many alternatives.
+    :meth:`Engine.stream <edgespec.engine.Engine.stream>` documents each; its defaults are
+    these."""
+
+    prompt: Prompt
+    max_tokens: int = config.MAX_TOKENS
+    sampling: Optional[SamplingParams] = None      # None: SamplingParams()
+    speculative: bool = True
+    raw: bool = False
+    stop: Sequence[str] = ()
+    constraint: Optional["Constraint"] = None
+    tools: Optional[Sequence] = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool = False
+    logprobs: Optional[int] = None
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from edgespec import (BackendError, Engine, EngineBusyError, EngineClosedError,
-                      SamplingParams)
+                      GenerationRequest, SamplingParams)
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ",
@@ -311,6 +311,26 @@ def test_an_event_loop_that_ends_mid_stream_does_not_hold_the_engine(eng, refere
 def test_astream_raises_argument_errors_at_the_call(eng):
     with pytest.raises(Exception, match="max_tokens"):
         eng.astream("hi", max_tokens=0)
+
+
+def test_submit_takes_the_request_stream_builds_and_gives_the_same_answer(eng):
+    """``stream(prompt, **arguments)`` is ``submit(GenerationRequest(prompt, **arguments))``:
+    same greedy text, same checks (raised by the call), and asubmit for asyncio."""
+    req = GenerationRequest(PROMPTS[2], max_tokens=N, sampling=GREEDY, raw=True)
+    expected = gen(eng, PROMPTS[2]).text
+    s = eng.submit(req)
+    consume(s)
+    assert s.result.text == expected
+
+    async def main():
+        s = eng.asubmit(req)
+        async with s:
+            async for _ in s:
+                pass
+        return s.result.text
+    assert asyncio.run(main()) == expected
+    with pytest.raises(Exception, match="max_tokens"):
+        eng.submit(GenerationRequest("hi", max_tokens=0))
 
 
 # ---------------------------------------------------------------------------------------------

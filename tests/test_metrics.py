@@ -187,7 +187,7 @@ def test_requests_by_endpoint_and_status():
             r.status = 503          # set before the failure: it stands
             raise RuntimeError("late")
 
-    class APIError(Exception):      # the shape of edgespec.server.protocol.APIError
+    class APIError(Exception):      # the shape of edgespec.server.wire.APIError
         status = 404
     with pytest.raises(APIError):
         with m.request("/v1/models/x"):

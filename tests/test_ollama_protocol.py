@@ -18,11 +18,12 @@ from ollama._types import (ChatRequest, ChatResponse, GenerateRequest, GenerateR
 from edgespec import __version__
 from edgespec.config import SamplingParams
 from edgespec.results import Generation, GenerationStats, TokenLogprob
-from edgespec.server.ollama import (FOREVER, OLLAMA_VERSION, OllamaReply, calls_to_ollama,
-                                    calls_to_openai, ollama_error_body, parse_keep_alive,
-                                    parse_ollama_chat, parse_ollama_generate, ps_body, rfc3339,
-                                    show_body, tagged_name, tags_body, version_body)
-from edgespec.server.protocol import APIError
+from edgespec.server.ollama_replies import (OLLAMA_VERSION, OllamaReply, calls_to_ollama,
+                                            ollama_error_body, ps_body, rfc3339, show_body,
+                                            tagged_name, tags_body, version_body)
+from edgespec.server.ollama_request import (FOREVER, calls_to_openai, parse_keep_alive,
+                                            parse_ollama_chat, parse_ollama_generate)
+from edgespec.server.wire import APIError
 from edgespec.speculative import LoopStats
 from edgespec.tools import ToolCall
 

@@ -55,8 +55,8 @@ class FailingEngine:
     def __getattr__(self, name):
         return getattr(self.engine, name)
 
-    def astream(self, prompt, **kw):
-        return _FailAfter(self.engine.astream(prompt, **kw), self.n)
+    def asubmit(self, req):
+        return _FailAfter(self.engine.asubmit(req), self.n)
 
 
 class _FailAfter:

@@ -170,8 +170,9 @@ class ModelManager:
 
         ``keep_alive``: seconds the model stays loaded after this request (Ollama's
         ``keep_alive``; None: the manager's). Raises :class:`ModelNotFound`, the load's
-        error (every request waiting for that load gets it), an :class:`EdgespecError` when
-        the model alone needs more than ``max_ram``, and
+        error (every request waiting for that load gets it), a
+        :class:`~edgespec.errors.MemoryBudgetError` when the model alone needs more than
+        ``max_ram``, and
         :class:`~edgespec.errors.EngineClosedError` after :meth:`close`. Holding a lease
         while acquiring another model can wait for ever when only one fits.
         """

@@ -1,11 +1,9 @@
-"""The OpenAI wire format: request bodies → generation settings, results → response bodies.
+"""OpenAI's request bodies → the generation they ask for (its replies: :mod:`.replies`).
 
-Plain Python, no HTTP stack. Every request a client can send either becomes a
-:class:`GenerationRequest` or raises :class:`APIError`, which carries the HTTP status and
-OpenAI's error shape ``{"error": {"message", "type", "param", "code"}}``; nothing in a body
-can turn into a 422 or a 500. Messages reuse the engine's wording
-(:class:`~edgespec.errors.InvalidParameterError`): ``temperature=3 is invalid: temperature must
-be …``.
+Plain Python, no HTTP stack. Every request a client can send either becomes an
+:class:`~.wire.APIRequest` (holding the core :class:`~edgespec.request.GenerationRequest`) or
+raises :class:`~.wire.APIError`, which carries the HTTP status and OpenAI's error shape;
+nothing in a body can turn into a 422 or a 500.
 
 Fields follow OpenAI's chat completions and (legacy) completions APIs, plus llama.cpp's
 sampling extensions ``top_k``, ``min_p`` and ``repeat_penalty``: structured output
@@ -19,21 +17,19 @@ refused as unknown.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 from ..config import SamplingParams
 from ..constraints import Constraint
 from ..errors import ConstraintError, InvalidParameterError
+from ..request import GenerationRequest
 from ..tools import Tool, parse_choice, parse_tools
+from .wire import (APIError, APIRequest, check_size, invalid, is_int, is_number, refuse_unknown,
+                   unsupported)
 
 TEMPERATURE_MAX = 2.0          # OpenAI's range; the engine itself allows more
 MAX_STOP_STRINGS = 4
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # OpenAI's default for /v1/completions
-# No tokenizer averages anywhere near this many characters per token, so a longer prompt
-# cannot fit the context: refused before the chat template or the tokenizer spend time on it.
-MAX_CHARS_PER_TOKEN = 64
-MAX_PROMPT_CHARS = 2_000_000
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user",
               "assistant": "assistant", "tool": "tool"}
 
@@ -49,63 +45,8 @@ MAX_TOP_LOGPROBS = 20           # OpenAI's bound (5 on /v1/completions)
 COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "best_of", "suffix"}
 
 
-class APIError(Exception):
-    """An HTTP error in OpenAI's shape."""
-
-    def __init__(self, status: int, message: str, *, param: Optional[str] = None,
-                 code: Optional[str] = None, type: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.type = (status, message, param,
-                                                                        code, type)
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
-
-
-def invalid(name: str, value: Any, valid: str, code: str = "invalid_value") -> APIError:
-    return APIError(400, str(InvalidParameterError(name, value, valid)), param=name, code=code)
-
-
-def unsupported(name: str, what: str) -> APIError:
-    return APIError(400, f"{name} is not supported: {what}", param=name,
-                    code="unsupported_parameter")
-
-
-@dataclass(frozen=True)
-class GenerationRequest:
-    """What one request asks the Engine for."""
-
-    kind: str                                 # "chat" | "completion"
-    prompt: Union[str, list]                  # completion text, or chat messages
-    max_tokens: int
-    sampling: SamplingParams
-    stop: tuple
-    stream: bool
-    include_usage: bool
-    model: Optional[str]
-    constraint: Optional[Constraint] = None
-    tools: Optional[list[Tool]] = None
-    tool_choice: Optional[str] = None
-    logprobs: Optional[int] = None           # alternatives per token; None: not asked for
-    parallel_tool_calls: bool = False
-    speculative: bool = True                  # edgespec's extension: false decodes plainly
-
-    @property
-    def raw(self) -> bool:
-        return self.kind == "completion"
-
-
 # ---------------------------------------------------------------------------------------------
 # Reading fields
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _optional(body: dict, name: str, check, valid: str) -> Any:
@@ -113,14 +54,6 @@ def _optional(body: dict, name: str, check, valid: str) -> Any:
     if value is not None and not check(value):
         raise invalid(name, value, valid, code="invalid_type")
     return value
-
-
-def _refuse_unknown(body: dict, allowed: set) -> None:
-    for name in body:
-        if name not in allowed:
-            raise APIError(400, f"unknown parameter {name!r}: edgespec does not know it "
-                                "(see docs/api.md for the supported fields)",
-                           param=name, code="unknown_parameter")
 
 
 def _refuse_features(body: dict) -> None:
@@ -187,12 +120,12 @@ def _tools(body: dict) -> tuple[Optional[list[Tool]], Optional[str]]:
 def _logprobs(body: dict, kind: str) -> Optional[int]:
     """How many alternatives each token's log-probability comes with (None: not asked)."""
     if kind == "completion":        # the legacy API: logprobs is the number of alternatives
-        n = _optional(body, "logprobs", _is_int, "an integer in [0, 5]")
+        n = _optional(body, "logprobs", is_int, "an integer in [0, 5]")
         if n is not None and not 0 <= n <= 5:
             raise invalid("logprobs", n, "an integer in [0, 5]")
         return n
     want = _optional(body, "logprobs", lambda v: isinstance(v, bool), "true or false")
-    top = _optional(body, "top_logprobs", _is_int, f"an integer in [0, {MAX_TOP_LOGPROBS}]")
+    top = _optional(body, "top_logprobs", is_int, f"an integer in [0, {MAX_TOP_LOGPROBS}]")
     if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
         raise invalid("top_logprobs", top, f"an integer in [0, {MAX_TOP_LOGPROBS}]")
     if top is not None and not want:
@@ -205,9 +138,9 @@ def _sampling(body: dict) -> SamplingParams:
     values = {name: body[name] for name in _SAMPLING if body.get(name) is not None}
     for name, value in values.items():
         if name in ("top_k", "seed"):
-            if not _is_int(value):
+            if not is_int(value):
                 raise invalid(name, value, "an integer", code="invalid_type")
-        elif not _is_number(value):
+        elif not is_number(value):
             raise invalid(name, value, "a number", code="invalid_type")
     t = values.get("temperature")
     if t is not None and not 0 <= t <= TEMPERATURE_MAX:
@@ -239,7 +172,7 @@ def _max_tokens(body: dict, n_ctx: int, default: int) -> int:
     value = body.get(name)
     if value is None:
         return default
-    if not _is_int(value):
+    if not is_int(value):
         raise invalid(name, value, "an integer", code="invalid_type")
     if not 1 <= value <= n_ctx:
         raise invalid(name, value, f"an integer in [1, {n_ctx}] (the context size)")
@@ -292,15 +225,7 @@ def _message(i: int, m: Any) -> dict:
     return {"role": CHAT_ROLES[role], "content": content, **extra}
 
 
-def _check_size(n_chars: int, n_ctx: int, param: str) -> None:
-    limit = min(MAX_CHARS_PER_TOKEN * n_ctx, MAX_PROMPT_CHARS)
-    if n_chars > limit:
-        raise APIError(400, f"the prompt is {n_chars} characters long, far more than the "
-                            f"context of {n_ctx} tokens holds (at most {limit} characters are "
-                            "accepted)", param=param, code="context_length_exceeded")
-
-
-def _common(body: dict, kind: str, prompt, n_ctx: int, default_max: int) -> GenerationRequest:
+def _common(body: dict, kind: str, prompt, n_ctx: int, default_max: int) -> APIRequest:
     _optional(body, "model", lambda v: isinstance(v, str), "a string")
     _optional(body, "user", lambda v: isinstance(v, str), "a string")
     _refuse_features(body)
@@ -311,26 +236,29 @@ def _common(body: dict, kind: str, prompt, n_ctx: int, default_max: int) -> Gene
         raise APIError(400, "response_format and tools cannot both shape one answer: send "
                             "one of them (or tool_choice 'none')", param="response_format",
                        code="invalid_value")
-    return GenerationRequest(kind=kind, prompt=prompt,
-                             max_tokens=_max_tokens(body, n_ctx, default_max),
-                             sampling=_sampling(body), stop=_stop(body), stream=stream,
-                             include_usage=include_usage, model=body.get("model"),
-                             constraint=constraint, tools=tools, tool_choice=choice,
-                             logprobs=_logprobs(body, kind),
-                             # off unless asked for, as in llama.cpp's server (docs/api.md)
-                             parallel_tool_calls=_optional(
-                                 body, "parallel_tool_calls", lambda v: isinstance(v, bool),
-                                 "true or false") is True,
-                             speculative=_optional(body, "speculative",
-                                                   lambda v: isinstance(v, bool),
-                                                   "true or false") is not False)
+    # checked in this order: a body with several mistakes is told of the first
+    max_tokens = _max_tokens(body, n_ctx, default_max)
+    sampling = _sampling(body)
+    stop = _stop(body)
+    logprobs = _logprobs(body, kind)
+    # off unless asked for, as in llama.cpp's server (docs/api.md)
+    parallel = _optional(body, "parallel_tool_calls", lambda v: isinstance(v, bool),
+                         "true or false") is True
+    speculative = _optional(body, "speculative", lambda v: isinstance(v, bool),
+                            "true or false") is not False
+    generation = GenerationRequest(prompt, max_tokens=max_tokens, sampling=sampling,
+                                   speculative=speculative, raw=kind == "completion", stop=stop,
+                                   constraint=constraint, tools=tools, tool_choice=choice,
+                                   parallel_tool_calls=parallel, logprobs=logprobs)
+    return APIRequest(kind=kind, model=body.get("model"), generation=generation, stream=stream,
+                      include_usage=include_usage)
 
 
-def parse_chat(body: Any, n_ctx: int) -> GenerationRequest:
+def parse_chat(body: Any, n_ctx: int) -> APIRequest:
     """A ``POST /v1/chat/completions`` body. Without max_tokens, up to the context edge."""
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object", code="invalid_json")
-    _refuse_unknown(body, CHAT_FIELDS)
+    refuse_unknown(body, CHAT_FIELDS)
     messages = body.get("messages")
     if messages is None:
         raise APIError(400, "messages is required: a non-empty list of {role, content} "
@@ -338,15 +266,15 @@ def parse_chat(body: Any, n_ctx: int) -> GenerationRequest:
     if not isinstance(messages, list) or not messages:
         raise invalid("messages", messages, "a non-empty list of {role, content} objects")
     prompt = [_message(i, m) for i, m in enumerate(messages)]
-    _check_size(sum(len(m["content"]) for m in prompt), n_ctx, "messages")
+    check_size(sum(len(m["content"]) for m in prompt), n_ctx, "messages")
     return _common(body, "chat", prompt, n_ctx, default_max=n_ctx)
 
 
-def parse_completion(body: Any, n_ctx: int) -> GenerationRequest:
+def parse_completion(body: Any, n_ctx: int) -> APIRequest:
     """A ``POST /v1/completions`` body: the prompt is sent as-is (no chat template)."""
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object", code="invalid_json")
-    _refuse_unknown(body, COMPLETION_FIELDS)
+    refuse_unknown(body, COMPLETION_FIELDS)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
@@ -357,6 +285,6 @@ def parse_completion(body: Any, n_ctx: int) -> GenerationRequest:
         raise invalid("prompt", prompt if isinstance(prompt, str) else type(prompt).__name__,
                       "a non-empty string (one prompt per request; token arrays are not "
                       "accepted)")
-    _check_size(len(prompt), n_ctx, "prompt")
+    check_size(len(prompt), n_ctx, "prompt")
     return _common(body, "completion", prompt, n_ctx,
                    default_max=COMPLETIONS_DEFAULT_MAX_TOKENS)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Optional
 
 from ..catalogue import CatalogEntry
-from ..errors import EdgespecError
+from ..errors import EdgespecError, MemoryBudgetError
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -87,11 +87,12 @@ class Budget:
         self.max_loaded, self.max_ram = max_loaded, max_ram
 
     def check(self, name: str, need: int) -> None:
-        """Refuse a model that alone needs more than ``max_ram``."""
+        """Refuse a model that alone needs more than ``max_ram`` (:class:`~edgespec.errors.
+        MemoryBudgetError`)."""
         if self.max_ram is not None and need > self.max_ram:
-            raise EdgespecError(f"the model '{name}' needs about {gb(need)} (files and "
-                                f"KV cache), more than --max-ram {gb(self.max_ram)} allows: "
-                                "raise --max-ram or pick a smaller model")
+            raise MemoryBudgetError(f"the model '{name}' needs about {gb(need)} (files and "
+                                    f"KV cache), more than --max-ram {gb(self.max_ram)} "
+                                    "allows: raise --max-ram or pick a smaller model")
 
     def victims(self, slots: Iterable[Slot], closing: Iterable[Slot], need: int
                 ) -> Optional[list[Slot]]:

@@ -1,0 +1,154 @@
+"""What the HTTP APIs' request parsers share (OpenAI's, :mod:`.protocol`; Ollama's,
+:mod:`.ollama_request`): the error every refusal raises, the checks of a JSON value, and
+:class:`APIRequest`, what a parsed body becomes. Plain Python, no HTTP stack.
+
+:class:`APIError` carries the HTTP status and OpenAI's error shape ``{"error": {"message",
+"type", "param", "code"}}`` (the app answers ``/api/`` in Ollama's ``{"error": message}``).
+Messages reuse the engine's wording (:class:`~edgespec.errors.InvalidParameterError`):
+``temperature=3 is invalid: temperature must be …``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from ..errors import InvalidParameterError
+from ..request import GenerationRequest
+
+# No tokenizer averages anywhere near this many characters per token, so a longer prompt
+# cannot fit the context: refused before the chat template or the tokenizer spend time on it.
+MAX_CHARS_PER_TOKEN = 64
+MAX_PROMPT_CHARS = 2_000_000
+_TYPE_WORDS = {"int": "an integer", "number": "a number", "bool": "true or false",
+               "list": "a list of non-empty strings"}
+
+
+class APIError(Exception):
+    """An HTTP error in OpenAI's shape."""
+
+    def __init__(self, status: int, message: str, *, param: Optional[str] = None,
+                 code: Optional[str] = None, type: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.type = (status, message, param,
+                                                                        code, type)
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+@dataclass(frozen=True)
+class APIRequest:
+    """One HTTP request for a generation: ``generation``, the core request, handed to the
+    Engine as it is, and what only the HTTP side reads: ``kind`` ("chat" or "completion":
+    the reply's shape, and the field that holds the prompt), the ``model`` named (None: the
+    server's default), whether to ``stream``, and whether a stream ends with a usage chunk
+    (``include_usage``, OpenAI's)."""
+
+    kind: str
+    model: Optional[str]
+    generation: GenerationRequest
+    stream: bool
+    include_usage: bool = False
+
+    # The generation's fields, read through this object
+    prompt = property(lambda self: self.generation.prompt)
+    max_tokens = property(lambda self: self.generation.max_tokens)
+    sampling = property(lambda self: self.generation.sampling)
+    speculative = property(lambda self: self.generation.speculative)
+    raw = property(lambda self: self.generation.raw)
+    stop = property(lambda self: self.generation.stop)
+    constraint = property(lambda self: self.generation.constraint)
+    tools = property(lambda self: self.generation.tools)
+    tool_choice = property(lambda self: self.generation.tool_choice)
+    parallel_tool_calls = property(lambda self: self.generation.parallel_tool_calls)
+    logprobs = property(lambda self: self.generation.logprobs)
+
+    @property
+    def holds_answer(self) -> bool:
+        """Whether a stream sends the answer once it is complete: a request that may call
+        tools (the raw output is the call's JSON; what it means is known only at its end)."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+
+def invalid(name: str, value: Any, valid: str, code: str = "invalid_value") -> APIError:
+    return APIError(400, str(InvalidParameterError(name, value, valid)), param=name, code=code)
+
+
+def unsupported(name: str, what: str) -> APIError:
+    return APIError(400, f"{name} is not supported: {what}", param=name,
+                    code="unsupported_parameter")
+
+
+def refuse_unknown(body: dict, allowed: set, what: str = "parameter") -> None:
+    """An APIError for the first field of ``body`` not in ``allowed`` (``what``: the word
+    for a field in the message)."""
+    for name in body:
+        if name not in allowed:
+            raise APIError(400, f"unknown {what} {name!r}: edgespec does not know it (see "
+                                "docs/api.md for the supported fields)",
+                           param=name, code="unknown_parameter")
+
+
+def check_size(n_chars: int, n_ctx: int, param: str) -> None:
+    """An APIError when a prompt of ``n_chars`` characters cannot fit ``n_ctx`` tokens."""
+    limit = min(MAX_CHARS_PER_TOKEN * n_ctx, MAX_PROMPT_CHARS)
+    if n_chars > limit:
+        raise APIError(400, f"the prompt is {n_chars} characters long, far more than the "
+                            f"context of {n_ctx} tokens holds (at most {limit} characters are "
+                            "accepted)", param=param, code="context_length_exceeded")
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON values
+
+
+def is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def integer(value: Any) -> Optional[int]:
+    """An integer, or a JSON number with an integral value (JavaScript sends 5 as 5.0)."""
+    if is_int(value):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def as_float(value: float) -> float:
+    """A JSON number as a float (an integer too large for one is infinite)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
+def checked(name: str, value: Any, kind: str) -> Any:
+    """``value`` as ``kind`` ("int": an integer or an integral number; "number": a finite
+    one; "bool"; "str"), else an APIError naming it."""
+    if kind == "int":
+        n = integer(value)
+        if n is not None:
+            return n
+    elif kind == "number" and is_number(value) and math.isfinite(as_float(value)):
+        return value
+    elif kind == "bool" and isinstance(value, bool):
+        return value
+    elif kind == "str" and isinstance(value, str):
+        return value
+    raise invalid(name, value, _TYPE_WORDS.get(kind, "a string"), code="invalid_type")
+
+
+def get_field(body: dict, name: str, kind: str, default: Any = None, where: str = "") -> Any:
+    """``body[name]`` checked as ``kind`` (``default`` when absent or null); ``where``: the
+    path of ``body`` in the request, for the message."""
+    value = body.get(name)
+    return default if value is None else checked(f"{where}.{name}" if where else name, value,
+                                                 kind)
