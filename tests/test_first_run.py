@@ -50,9 +50,14 @@ def test_loading_and_calibrating_show_a_changing_line(tmp_path, smollm2_f32_path
     assert steps[0] == f"loading the target {smollm2_f32_path.name}…"
     assert steps[1] == f"loading the draft {smollm2_q4_path.name}…"
     measuring = [s for s in steps if s.startswith("measuring the models' speed")]
-    assert len(measuring) >= 8                          # one per measurement, counted
-    total = measuring[-1].rsplit("/", 1)[1].rstrip("…")
-    assert measuring[0].endswith(f" 1/{total}…") and measuring[-1].endswith(f" {total}/{total}…")
+    total = measuring[0].rsplit("/", 1)[1].rstrip("…")
+    counted = [int(s.rsplit(" ", 1)[1].split("/")[0]) for s in measuring]
+    assert measuring[0].endswith(f" 1/{total}…")
+    assert all(b - a in (0, 1) for a, b in zip(counted, counted[1:]))   # each one shown
+    # one per measurement, counted to the end; on a busy machine the calibration's time budget
+    # may end it early, and then it says so
+    assert measuring[-1].endswith(f" {total}/{total}…") or \
+        "the machine is busy: measuring less" in text
     # The step line is cleared before the summary; the answer itself is on stdout.
     assert steps[-1].lstrip().startswith("[") and "tok/s" in steps[-1]
     assert "Paris" in out

@@ -261,7 +261,9 @@ def test_the_command_line_says_it_when_found_and_info_shows_the_verdict(gemma_q4
         proc = subprocess.run(cmd + list(extra), capture_output=True, text=True, timeout=600,
                               env=env)
         assert proc.returncode == 0, proc.stderr[-2000:]
-        assert "France" in proc.stdout
+        # Eight tokens decoded (their text depends on the kernels: with the extra buffers
+        # off, an AMD EPYC continues " the capital of the French Republic").
+        assert proc.stdout.strip() and "[length] 8 tokens" in proc.stderr, proc.stderr
         return [ln for ln in proc.stderr.splitlines() if ln.startswith("note: this CPU")]
     first = notes()
     assert len(first) == (1 if v.faults else 0)

@@ -77,7 +77,11 @@ def test_tap_names_each_node_once_and_recovers_when_the_graph_changes(twins):
         # activations for its output product (~0.2 here).
         row = plain.eval(toks, 1)[0]
         d = np.einsum("ij,j->i", w, hidden) - row
-        assert np.max(np.abs(d)) < 0.5 and np.argmax(row) == np.argmax(d + row)
+        assert np.max(np.abs(d)) < 0.5
+        # The same winner, unless the reference's two best are nearer than the two rows can
+        # differ (a near-tie: on an AMD EPYC one step's top two were 0.018 apart).
+        top2 = np.sort(row)[-2:]
+        assert np.argmax(row) == np.argmax(d + row) or top2[1] - top2[0] < 2 * np.max(np.abs(d))
     nxt = int(np.argmax(row))
     assert 1 <= sum(known.values()) <= 3 and len(known) > 500
     # A stale address hiding the node: the whole graph runs, the row comes from llama.cpp,
