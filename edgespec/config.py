@@ -215,6 +215,8 @@ class ModelConfig:
     n_threads: int = field(default_factory=default_threads)
     n_gpu_layers: int = -1
     n_outputs_max: int = N_OUTPUTS_MIN
+    # sequences the context holds (streams decoded together), each with n_ctx positions
+    n_seq: int = 1
     verbose: bool = False
     rpc: tuple = ()           # "HOST:PORT" of the RPC workers that hold its layers
     # llama.cpp's extra CPU buffer types (AMX, repacked weights): "auto" checks once that they
@@ -231,6 +233,7 @@ class ModelConfig:
                    valid="an integer >= -1 (-1 = all layers)")
         _check_int("n_outputs_max", self.n_outputs_max, 1, 1 << 16,
                    valid="an integer in [1, 65536]")
+        _check_int("n_seq", self.n_seq, 1, 256, valid="an integer in [1, 256]")
         if self.cpu_extra_buffers not in CPU_EXTRA_BUFFERS:
             raise InvalidParameterError("cpu_extra_buffers", self.cpu_extra_buffers,
                                         "'auto', 'on' or 'off'")

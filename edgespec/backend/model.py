@@ -3,8 +3,13 @@ loop runs on.
 
 A :class:`LlamaModel` keeps ``tokens``, the exact sequence its KV cache holds, so callers
 reason about caches as lists: :meth:`LlamaModel.eval` appends, :meth:`LlamaModel.truncate`
-removes a suffix with ``llama_memory_seq_rm``. Logits come back as numpy views of llama.cpp's
-output buffer, only for the rows asked for, valid until the next ``eval``. Every bound that
+removes a suffix with ``llama_memory_seq_rm``. A context may hold several sequences
+(``ModelConfig.n_seq``, one per stream, each with ``n_ctx`` positions of its own in one
+unified KV buffer): :attr:`LlamaModel.sequences` are their caches (:mod:`.sequence`; the
+model's own ``tokens``/``eval``/``truncate`` are the first one's), and
+:meth:`LlamaModel.decode` evaluates the rows of several in one ``llama_decode``. Logits come
+back as numpy views of llama.cpp's output buffer, only for the rows asked for, valid until
+the next ``eval``. Every bound that
 llama.cpp enforces with an abort (batch size, context size, number of outputs) is checked here
 first and raised as an :class:`~edgespec.errors.EdgespecError` instead.
 """
@@ -12,8 +17,8 @@ first and raised as an :class:`~edgespec.errors.EdgespecError` instead.
 from __future__ import annotations
 
 import ctypes
+import threading
 import time
-from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -21,40 +26,16 @@ import numpy as np
 import llama_cpp.llama_cpp as C
 
 from ..config import ModelConfig
-from ..errors import BackendError, ContextOverflowError, ModelLoadError
+from ..errors import BackendError, ModelLoadError
 from ..gguf_file import GGUFInfo, check_causal_lm, read_gguf
 from ..lm import VocabInfo
 from .preflight import use_extra_buffers
 from .runtime import ensure_init, ggml, gpu_devices
+from .sequence import KVSequence, ModelState, check_parts, plan_calls
 from .tap import Tap
 from .vocab import HasVocabulary, Vocabulary
 
-_U8P = ctypes.POINTER(ctypes.c_uint8)
 _DECODE_ERRORS = {1: "no room in the KV cache", 2: "aborted", -1: "invalid batch"}
-
-
-def check_eval(model, tokens: Sequence[int], n_logits: int) -> int:
-    """The bounds of ``eval(tokens, n_logits)`` on ``model`` (which has ``tokens``, ``n_ctx``
-    and ``n_outputs_max``), checked before llama.cpp would abort; returns ``len(tokens)``."""
-    n = len(tokens)
-    if n == 0:
-        raise ValueError("eval() needs at least one token")
-    if not 0 <= n_logits <= min(n, model.n_outputs_max):
-        raise ValueError(f"n_logits={n_logits} must be in [0, min({n}, "
-                         f"{model.n_outputs_max})]")
-    if len(model.tokens) + n > model.n_ctx:
-        raise ContextOverflowError(len(model.tokens) + n, model.n_ctx)
-    return n
-
-
-@dataclass(frozen=True)
-class ModelState:
-    """A model's cache contents copied to host memory: the tokens it holds, and llama.cpp's
-    serialised KV cells for them (``nbytes`` of ``data``, a buffer: numpy or bytes)."""
-
-    tokens: tuple
-    data: object
-    nbytes: int
 
 
 class LlamaModel(HasVocabulary):
@@ -74,14 +55,15 @@ class LlamaModel(HasVocabulary):
         self._model = self._ctx = self._batch = None
         self._tap: Optional[Tap] = None
         self._closed = False
-        self.tokens: list[int] = []
+        # Every llama.cpp call on the context holds this: several threads' sequences share it.
+        self.lock = threading.RLock()
         self.decode_seconds = 0.0     # wall time inside llama_decode, cumulative
         self.n_threads = config.n_threads
         # Told each llama_decode's token count, logits rows and seconds; returns the thread
         # count for the next (edgespec.threads); None: no one is told.
         self.on_step: Optional[Callable[[int, int, float], int]] = None
         self.before_step: Optional[Callable[[], int]] = None     # threads for the next pass
-        self._last_chunk = 0          # tokens in the last llama_decode call
+        self._last_spans: list = []   # the last call's (first batch index, rows) per part
 
         mparams = C.llama_model_default_params()
         mparams.n_gpu_layers = config.n_gpu_layers if config.n_gpu_layers >= 0 else 999
@@ -113,12 +95,18 @@ class LlamaModel(HasVocabulary):
         self.vocab: VocabInfo = self.vocabulary.info
         self.n_ctx_train = C.llama_model_n_ctx_train(model)
         self.n_embd = C.llama_model_n_embd(model)
-        self.n_outputs_max = min(config.n_outputs_max, config.n_batch)
+        n_seq = config.n_seq
+        self.n_outputs_max = min(config.n_outputs_max, config.n_batch)      # per sequence
+        # all sequences' rows in one call, within the batch
+        self.n_outputs_total = min(self.n_outputs_max * n_seq, config.n_batch)
         cparams = C.llama_context_default_params()
-        cparams.n_ctx = config.n_ctx
+        cparams.n_ctx = config.n_ctx * n_seq
         cparams.n_batch = cparams.n_ubatch = config.n_batch
-        cparams.n_seq_max = 1
-        cparams.n_outputs_max = self.n_outputs_max
+        cparams.n_seq_max = n_seq
+        # One KV buffer for every sequence: a batch of rows from several sequences is then one
+        # ubatch (split KV streams split it into equal rows per sequence: docs/decisions.md).
+        cparams.kv_unified = True
+        cparams.n_outputs_max = self.n_outputs_total
         cparams.n_threads = cparams.n_threads_batch = config.n_threads
         cparams.no_perf = True
         # Only where llama.cpp has no device but the CPU: with one, even a model kept on the
@@ -134,14 +122,14 @@ class LlamaModel(HasVocabulary):
             raise ModelLoadError(self.path, f"llama.cpp could not create a context of "
                                             f"{config.n_ctx} tokens (out of memory? try a "
                                             "smaller n_ctx)")
-        self._mem = C.llama_get_memory(self._ctx)
+        self.memory = C.llama_get_memory(self._ctx)
         # llama.cpp pads the context up (to a multiple of 256); honour what was asked.
-        self.n_ctx = min(config.n_ctx, C.llama_n_ctx(self._ctx))
+        self.n_ctx = min(config.n_ctx, C.llama_n_ctx(self._ctx) // n_seq)     # per sequence
         self.n_batch = C.llama_n_batch(self._ctx)
         self._batch = C.llama_batch_init(self.n_batch, 0, 1)
         for i in range(self.n_batch):
             self._batch.n_seq_id[i] = 1
-            self._batch.seq_id[i][0] = 0
+        self.sequences = tuple(KVSequence(self, i) for i in range(n_seq))
 
     # -- metadata -------------------------------------------------------------------------
 
@@ -159,7 +147,11 @@ class LlamaModel(HasVocabulary):
                 "n_gpu_layers": self.config.n_gpu_layers,
                 "cpu_extra_buffers": self.extra_buffers}
 
-    # -- the KV cache ---------------------------------------------------------------------
+    # -- the KV cache (the first sequence's) -----------------------------------------------
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.sequences[0].tokens
 
     def eval(self, tokens: Sequence[int], n_logits: int = 1) -> np.ndarray:
         """Append ``tokens`` to the cache and return logits for the last ``n_logits`` of them.
@@ -168,24 +160,71 @@ class LlamaModel(HasVocabulary):
         buffer: valid until the next ``eval``; copy what must outlive it. Tokens longer than
         ``n_batch`` are sent in several ``llama_decode`` calls.
         """
-        n = check_eval(self, tokens, n_logits)
-        self._check_open()
-        for start in range(0, n, self.n_batch):
-            chunk = tokens[start:start + self.n_batch]
-            self._decode(chunk, first_logit=max(0, (n - n_logits) - start))
-        if n_logits == 0:
-            return np.empty((0, self.n_vocab), dtype=np.float32)
-        return self._logits_view(self._last_chunk - n_logits, n_logits)
+        return self.decode([(self.sequences[0], tokens, n_logits)])[0]
 
-    def _decode(self, chunk: Sequence[int], first_logit: int) -> None:
+    def truncate(self, n: int) -> None:
+        """Keep only the first ``n`` cache positions (``llama_memory_seq_rm``)."""
+        self.sequences[0].truncate(n)
+
+    def save_state(self) -> "ModelState":
+        """A copy of what the cache holds now (``llama_state_seq_get_data``), for
+        :meth:`restore_state`: the KV cells of ``tokens``, in host memory."""
+        return self.sequences[0].save_state()
+
+    def restore_state(self, state: "ModelState") -> None:
+        """Make the cache hold ``state`` (from :meth:`save_state` on this model) instead of
+        what it holds. On failure the cache is left empty, never half-written."""
+        self.sequences[0].restore_state(state)
+
+    def cache_span(self) -> tuple[int, int]:
+        """(first, last) position llama.cpp holds in the cache; (-1, -1) when empty."""
+        return self.sequences[0].cache_span()
+
+    # -- passes over several sequences ----------------------------------------------------
+
+    def decode(self, parts: Sequence[tuple[KVSequence, Sequence[int], int]]
+               ) -> list[np.ndarray]:
+        """Append each part's tokens to its sequence (at most one part per sequence) and return
+        each part's logits for the last ``n_logits`` of its tokens, ``(n_logits, n_vocab)``.
+
+        All parts go in one ``llama_decode`` when they fit in ``n_batch`` tokens; otherwise a
+        part's tokens are sent in chunks and the parts in several calls. The rows view
+        llama.cpp's buffer, valid until the next pass, when they all came from the last call;
+        rows of earlier calls are copies.
+        """
+        check_parts(self, parts)
+        with self.lock:
+            self._check_open()
+            calls = plan_calls(parts, self.n_batch, self.n_outputs_total)
+            out: list[list[np.ndarray]] = [[] for _ in parts]
+            for c, call in enumerate(calls):
+                spans = self._decode(call)
+                last = c == len(calls) - 1
+                for (i, *_), (first, n) in zip(call, spans):
+                    if n:
+                        rows = self._logits_view(first, n)
+                        out[i].append(rows if last else rows.copy())
+            return [rows[0] if len(rows) == 1 else
+                    np.concatenate(rows) if rows else np.empty((0, self.n_vocab), np.float32)
+                    for rows in out]
+
+    def _decode(self, call: list[tuple]) -> list[tuple[int, int]]:
+        """One ``llama_decode`` of ``call``'s segments; each one's (first batch index with
+        logits, rows). The sequences' records follow what llama.cpp kept."""
         b = self._batch
-        pos0 = len(self.tokens)
-        tok, pos, lg = b.token, b.pos, b.logits
-        for i, t in enumerate(chunk):
-            tok[i] = t
-            pos[i] = pos0 + i
-            lg[i] = i >= first_logit
-        b.n_tokens = len(chunk)
+        tok, pos, lg, sid = b.token, b.pos, b.logits, b.seq_id
+        j, spans, n_rows = 0, [], 0
+        for _, seq, chunk, first_logit in call:
+            pos0 = len(seq.tokens)
+            spans.append((j + first_logit, max(0, len(chunk) - first_logit)))
+            for i, t in enumerate(chunk):
+                tok[j] = t
+                pos[j] = pos0 + i
+                sid[j][0] = seq.seq_id
+                lg[j] = i >= first_logit
+                j += 1
+            n_rows += spans[-1][1]
+        b.n_tokens = j
         if self.before_step is not None:
             self.set_threads(self.before_step())
         t0 = time.perf_counter()
@@ -194,16 +233,20 @@ class LlamaModel(HasVocabulary):
         seconds = time.perf_counter() - t0
         self.decode_seconds += seconds
         if self.on_step is not None and rc == 0:
-            self.set_threads(self.on_step(len(chunk), len(chunk) - first_logit, seconds))
+            self.set_threads(self.on_step(j, n_rows, seconds))
         if rc != 0:
-            # On failure llama.cpp may have kept some ubatches: resynchronise our record.
-            kept = C.llama_memory_seq_pos_max(self._mem, 0) + 1
-            self.tokens = (self.tokens + list(chunk))[:kept]
-            self.truncate(pos0)
+            # On failure llama.cpp may have kept some ubatches: resynchronise our records.
+            for _, seq, chunk, _ in call:
+                pos0 = len(seq.tokens)
+                kept = C.llama_memory_seq_pos_max(self.memory, seq.seq_id) + 1
+                seq.tokens = (seq.tokens + list(chunk))[:kept]
+                seq.truncate(pos0)
             raise BackendError(f"llama_decode failed with code {rc} ("
                                f"{_DECODE_ERRORS.get(rc, 'fatal error')})")
-        self.tokens.extend(chunk)
-        self._last_chunk = len(chunk)
+        for _, seq, chunk, _ in call:
+            seq.tokens.extend(chunk)
+        self._last_spans = spans
+        return spans
 
     def _logits_view(self, first_row: int, n_rows: int) -> np.ndarray:
         p0 = C.llama_get_logits_ith(self._ctx, first_row)
@@ -222,9 +265,12 @@ class LlamaModel(HasVocabulary):
         """Run the next passes on ``n`` CPU threads (cheap: llama.cpp's thread pool is
         resized on the next pass)."""
         if n != self.n_threads:
-            self._check_open()
-            C.llama_set_n_threads(self._ctx, n, n)
-            self.n_threads = n
+            with self.lock:
+                self._check_open()
+                C.llama_set_n_threads(self._ctx, n, n)
+                self.n_threads = n
+
+    # -- the hidden state (a draft's reduced output layer) --------------------------------
 
     @property
     def can_tap(self) -> bool:
@@ -241,24 +287,39 @@ class LlamaModel(HasVocabulary):
         Returns None when the hidden state could not be read (no tap on this model, or a graph
         without that node): the whole graph then ran and :meth:`last_logits` holds the row.
         """
+        hidden = self.decode_hidden([(self.sequences[0], tokens)])
+        return None if hidden is None else hidden[0]
+
+    def decode_hidden(self, parts: Sequence[tuple[KVSequence, Sequence[int]]]
+                      ) -> Optional[np.ndarray]:
+        """:meth:`eval_hidden` of several sequences in one pass: the last token's hidden
+        state of each part, ``(len(parts), n_embd)``; None when not read (then
+        :meth:`last_rows` holds each part's logits row)."""
         tap = self._tap
         if tap is None:
-            self.eval(tokens, 1)
+            self.decode([(seq, tokens, 1) for seq, tokens in parts])
             return None
-        n = len(tokens)
-        if n > self.n_batch:        # earlier chunks have no outputs: evaluate them plainly
-            self.eval(tokens[:n - self.n_batch], 0)
-            tokens = tokens[n - self.n_batch:]
-        tap.on = True
-        try:
-            self.eval(tokens, 1)
-        finally:
-            tap.on = False
-        return tap.take()
+        with self.lock:
+            if sum(len(tokens) for _, tokens in parts) > self.n_batch:
+                # all but each part's last token first, without outputs (in chunks)
+                self.decode([(seq, tokens[:-1], 0) for seq, tokens in parts if len(tokens) > 1])
+                parts = [(seq, tokens[-1:]) for seq, tokens in parts]
+            tap.on, tap.rows = True, len(parts)
+            try:
+                self.decode([(seq, tokens, 1) for seq, tokens in parts])
+            finally:
+                tap.on = False
+            return tap.take()
 
     def last_logits(self) -> np.ndarray:
         """The logits row of the last evaluated token (after an eval that asked for it)."""
-        return self._logits_view(self._last_chunk - 1, 1)[0]
+        return self.last_rows()[-1]
+
+    def last_rows(self) -> np.ndarray:
+        """The logits rows of the last ``llama_decode``, in the order of its parts (after a
+        pass that asked for them)."""
+        views = [self._logits_view(first, n) for first, n in self._last_spans if n]
+        return views[0] if len(views) == 1 else np.concatenate(views)
 
     def output_rows(self, ids: Sequence[int]) -> np.ndarray:
         """Rows ``ids`` of the output layer's weights (``output.weight``, or the tied token
@@ -276,56 +337,25 @@ class LlamaModel(HasVocabulary):
         return np.ascontiguousarray(dequantize(raw, ttype).reshape(len(ids), -1),
                                     dtype=np.float32)
 
-    def truncate(self, n: int) -> None:
-        """Keep only the first ``n`` cache positions (``llama_memory_seq_rm``)."""
-        if n >= len(self.tokens):
-            return
-        self._check_open()
-        if not C.llama_memory_seq_rm(self._mem, 0, n, -1):
-            raise BackendError(
-                f"{self.path.name}: llama.cpp cannot remove positions from this model's cache "
-                "(recurrent or hybrid architecture); speculative decoding needs a model whose "
-                "cache can be trimmed — decode plainly (speculative=False)",
-                options=("speculative",))
-        del self.tokens[n:]
-
-    def save_state(self) -> "ModelState":
-        """A copy of what the cache holds now (``llama_state_seq_get_data``), for
-        :meth:`restore_state`: the KV cells of ``tokens``, in host memory."""
-        self._check_open()
-        size = C.llama_state_seq_get_size(self._ctx, 0)
-        data = np.empty(size, dtype=np.uint8)       # not zeroed first, as a ctypes array is
-        written = C.llama_state_seq_get_data(self._ctx, data.ctypes.data_as(_U8P), size, 0)
-        if written == 0 and self.tokens:
-            raise BackendError(f"{self.path.name}: llama.cpp could not copy this model's cache")
-        return ModelState(tuple(self.tokens), data, written)
-
-    def restore_state(self, state: "ModelState") -> None:
-        """Make the cache hold ``state`` (from :meth:`save_state` on this model) instead of
-        what it holds. On failure the cache is left empty, never half-written."""
-        self._check_open()
-        C.llama_memory_clear(self._mem, True)
-        self.tokens = []
-        if state.nbytes and not C.llama_state_seq_set_data(
-                self._ctx, np.frombuffer(state.data, dtype=np.uint8).ctypes.data_as(_U8P),
-                state.nbytes, 0):
-            C.llama_memory_clear(self._mem, True)
-            raise BackendError(f"{self.path.name}: llama.cpp refused a saved cache state")
-        self.tokens = list(state.tokens)
-
-    def cache_span(self) -> tuple[int, int]:
-        """(first, last) position llama.cpp holds in the cache; (-1, -1) when empty."""
-        self._check_open()
-        return (C.llama_memory_seq_pos_min(self._mem, 0), C.llama_memory_seq_pos_max(self._mem, 0))
-
     # -- lifetime -------------------------------------------------------------------------
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
         if self._closed:
             raise BackendError(f"{self.path.name}: model is closed")
 
+    _check_open = check_open
+
+    @property
+    def context(self):
+        """The llama.cpp context (for :mod:`.sequence`)."""
+        return self._ctx
+
     def close(self) -> None:
         """Free the context, the batch and the model. Safe to call twice."""
+        with self.lock:
+            self._close()
+
+    def _close(self) -> None:
         if self._closed:
             return
         self._closed = True

@@ -31,7 +31,8 @@ from ..config import ModelConfig
 from ..errors import (BackendError, ContextOverflowError, InvalidParameterError, ModelLoadError,
                       RPCError)
 from ..gguf_file import GGUFInfo, check_causal_lm, read_gguf
-from .model import LlamaModel, ModelState, check_eval
+from .model import LlamaModel
+from .sequence import ModelState, check_eval
 from .rpc import probe
 from .vocab import HasVocabulary, VocabOnly
 

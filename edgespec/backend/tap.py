@@ -1,9 +1,9 @@
 """The hidden-state tap: stop a llama.cpp graph right after the final norm and read it.
 
 Uses llama.cpp's public scheduler eval callback (``cb_eval``, as its eval-callback and
-imatrix tools do): asked about each graph node, the callback claims ``result_norm``, copies the
-last row of it, and returns false, which ends the graph before the output layer. Every layer
-writes the KV cache before that node, so the cache stays complete.
+imatrix tools do): asked about each graph node, the callback claims ``result_norm``, copies
+the rows of the pass's outputs from it, and returns false, which ends the graph before the
+output layer. Every layer writes the KV cache before that node, so the cache stays complete.
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ EVAL_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.c_void_p, ctypes.c_bool, 
 
 class Tap:
     """State of one context's eval callback: while ``on``, the graph stops after the final
-    norm and the last row of that hidden state lands in ``hidden``. ``c_callback`` must stay
-    alive as long as a context can call it."""
+    norm and its last ``rows`` rows (one per output of the pass) land in ``hidden``,
+    ``(rows, n_embd)``. ``c_callback`` must stay alive as long as a context can call it."""
 
     def __init__(self, lib: ctypes.CDLL, n_embd: int):
         self.on = False
+        self.rows = 1           # outputs of the pass (the last rows of the node are theirs)
         self.hidden: Optional[np.ndarray] = None
         get_name, get_data, nelements = lib.ggml_get_name, lib.ggml_get_data_f32, \
             lib.ggml_nelements
@@ -47,10 +48,11 @@ class Tap:
                 if hit is None or hit:
                     hit = known[t] = get_name(t) == HIDDEN_NODE
                 return hit
-            n = nelements(t)
-            if n >= n_embd:
-                buf = (ctypes.c_float * n_embd).from_address(get_data(t) + 4 * (n - n_embd))
-                self.hidden = np.frombuffer(buf, dtype=np.float32).copy()
+            n, want = nelements(t), self.rows * n_embd
+            if n >= want:
+                buf = (ctypes.c_float * want).from_address(get_data(t) + 4 * (n - want))
+                self.hidden = np.frombuffer(buf, dtype=np.float32).reshape(self.rows, n_embd) \
+                    .copy()
             return False
         self.c_callback = EVAL_CALLBACK(callback)
 
