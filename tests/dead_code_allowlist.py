@@ -11,6 +11,7 @@ _.use_extra_bufts
 _._devices              # kept alive: llama.cpp holds a pointer into it
 _.n_ubatch
 _.n_seq_max
+_.kv_unified
 _.n_threads_batch
 _.no_perf
 _.cb_eval_user_data
