@@ -29,7 +29,7 @@ from edgespec.errors import InvalidParameterError, RPCError
 from edgespec.sampling import warp
 
 from rpc_helpers import Worker, free_port
-from test_lossless_stats import noise_bound, tv
+from goodness import noise_bound, tv
 
 # CI (EDGESPEC_TEST_ALL=1) builds llama.cpp with RPC: there a build without it fails the tests.
 pytestmark = pytest.mark.skipif(
