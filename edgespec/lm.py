@@ -60,12 +60,33 @@ class LanguageModel(Protocol):
         """Keep only the first ``n`` cache positions."""
 
 
-class LoadedModel(LanguageModel, Protocol):
-    """A model as the Engine's rooms use it (:mod:`edgespec.generation`,
-    :mod:`edgespec.threads`, calibration): a loaded GGUF with its settings, text and timing.
-    :class:`~edgespec.backend.LlamaModel` and :class:`~edgespec.backend.RemoteModel` are."""
+class SavedState(Protocol):
+    """A model's cache contents copied aside (:meth:`StatefulModel.save_state`)."""
+
+    tokens: tuple             # the tokens the cache held
+    nbytes: int               # host memory the copy takes
+
+
+class StatefulModel(LanguageModel, Protocol):
+    """A model whose cache contents can be copied aside and back, bit for bit (the prompt
+    cache, :mod:`edgespec.prompt_cache`)."""
 
     path: Path
+
+    def save_state(self) -> SavedState:
+        """A copy of what the cache holds now."""
+
+    def restore_state(self, state: SavedState) -> None:
+        """Make the cache hold ``state`` (from :meth:`save_state` on this model) instead of
+        what it holds."""
+
+
+class LoadedModel(StatefulModel, Protocol):
+    """A model as the Engine's rooms use it (:mod:`edgespec.generation`,
+    :mod:`edgespec.threads`, calibration, the prompt cache): a loaded GGUF with its settings,
+    text and timing. :class:`~edgespec.backend.LlamaModel` and
+    :class:`~edgespec.backend.RemoteModel` are."""
+
     config: "ModelConfig"
     n_threads: int            # CPU threads of the next pass
     decode_seconds: float     # wall time inside llama_decode, cumulative

@@ -31,6 +31,8 @@ from typing import Any, Optional, Protocol, Sequence
 
 import numpy as np
 
+from .lm import SavedState, StatefulModel
+
 log = logging.getLogger(__name__)
 
 # A state is kept aside, or brought back, only when it saves evaluating at least this many
@@ -60,8 +62,8 @@ class Companion(Protocol):
 
 @dataclass(eq=False)
 class _Entry:
-    model: Any
-    state: Any                    # the model's ModelState: tokens, data, nbytes
+    model: StatefulModel
+    state: SavedState
     companion_snap: Any = None
     nbytes: int = 0
     used: int = 0
@@ -113,18 +115,13 @@ class PromptCache:
                     "tokens_restored": self.stats.tokens_restored,
                     "evicted": self.stats.evicted}
 
-    @staticmethod
-    def supports(model) -> bool:
-        return callable(getattr(model, "save_state", None)) and \
-            callable(getattr(model, "restore_state", None))
-
-    def prepare(self, model, want: Sequence[int],
+    def prepare(self, model: StatefulModel, want: Sequence[int],
                 companion: Optional[Companion] = None) -> int:
         """Before ``model``'s cache is made to hold ``want``: keep its live state aside when
         ``want`` would discard much of it, and bring back a kept state that shares a longer
         prefix with ``want``. Returns the number of tokens a restore brought back (0: none).
         ``companion``'s snapshot travels with the model's state."""
-        if not self.enabled or not self.supports(model):
+        if not self.enabled:
             return 0
         want = list(want)
         live = model.tokens
@@ -149,10 +146,10 @@ class PromptCache:
             companion.restore(best.companion_snap)
         self.stats.restored += 1
         self.stats.tokens_restored += best_n
-        log.debug("prompt cache: restored %d tokens of %s", best_n, _name(model))
+        log.debug("prompt cache: restored %d tokens of %s", best_n, model.path.name)
         return best_n
 
-    def _save(self, model, companion: Optional[Companion]) -> None:
+    def _save(self, model: StatefulModel, companion: Optional[Companion]) -> None:
         state = model.save_state()
         snap = companion.snapshot() if companion is not None else None
         nbytes = state.nbytes + (companion.snapshot_bytes(snap) if snap is not None else 0)
@@ -172,15 +169,10 @@ class PromptCache:
                 self.stats.evicted += 1
         self.stats.saved += 1
         log.debug("prompt cache: kept %d tokens of %s aside (%d states, %.1f MiB)",
-                  len(state.tokens), _name(model), len(self._entries), self.nbytes / 2**20)
+                  len(state.tokens), model.path.name, len(self._entries), self.nbytes / 2**20)
 
     def forget(self, model=None) -> None:
         """Drop every state (of ``model`` only, when given)."""
         with self._lock:
             self._entries = [e for e in self._entries
                              if model is not None and e.model is not model]
-
-
-def _name(model) -> str:
-    path = getattr(model, "path", None)
-    return getattr(path, "name", "model")

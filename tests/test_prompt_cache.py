@@ -18,6 +18,7 @@ bit for bit, so this comparison has no tolerance.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -40,6 +41,8 @@ class _State:
 
 class TokenModel:
     """Holds a token list as its 'cache'; a state costs 10 bytes a token."""
+
+    path = Path("token-model.gguf")
 
     def __init__(self):
         self.tokens: list[int] = []
