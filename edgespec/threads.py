@@ -180,7 +180,9 @@ def govern(target: "LoadedModel", draft: Optional["LoadedModel"], costs=None,
             shape = reference = None
             if costs is not None:
                 if model is target:
-                    shape, reference = (lambda n: costs.t(n) / costs.t(1)), costs.t(1)
+                    shape, reference = (
+                        lambda n: costs.pass_seconds(n) / costs.pass_seconds(1),
+                        costs.pass_seconds(1))
                 else:
                     reference = costs.draft
             gov = ThreadGovernor(model.n_threads, shape or (lambda n: 1.0), reference,

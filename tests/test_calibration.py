@@ -69,16 +69,16 @@ def test_cache_is_reused_and_drops_entries_for_files_that_are_gone(q4, tmp_path,
     assert len(saved) == 1 and not set(saved) & set(stale)
     (key, entry), = saved.items()
     assert key.startswith(str(smollm2_q4_path.resolve()) + "|") and key.endswith("||-")
-    assert entry["target"]["1"] == pytest.approx(first.t(1))
+    assert entry["target"]["1"] == pytest.approx(first.pass_seconds(1))
 
     # A second load on this machine reads the cache instead of measuring again.
     entry["target"] = {n: 123.0 for n in entry["target"]}
     cache.write_text(json.dumps(saved))
-    assert calibrate_cached(q4, None).t(1) == 123.0
+    assert calibrate_cached(q4, None).pass_seconds(1) == 123.0
     # ... until the entry is older than CACHE_DAYS: then it is measured again.
     entry["saved"] = time.time() - (costs_module.CACHE_DAYS + 1) * 86400
     cache.write_text(json.dumps(saved))
-    assert calibrate_cached(q4, None).t(1) != 123.0
+    assert calibrate_cached(q4, None).pass_seconds(1) != 123.0
 
 
 def test_a_busy_calibration_is_used_but_not_kept(q4, tmp_path, monkeypatch):
@@ -87,7 +87,7 @@ def test_a_busy_calibration_is_used_but_not_kept(q4, tmp_path, monkeypatch):
     monkeypatch.setattr(costs_module, "STEADY", 0.5)      # no measurement is steady enough
     said = []
     costs = calibrate_cached(q4, None, progress=said.append)
-    assert costs.t(1) > 0 and said and "measuring" in said[0]
+    assert costs.pass_seconds(1) > 0 and said and "measuring" in said[0]
     assert not (tmp_path / "cache" / "edgespec" / "calibration.json").exists()
 
 
@@ -96,7 +96,7 @@ def test_a_slow_calibration_stops_early_and_is_not_kept(q4, monkeypatch):
     said = []
     cal = calibrate(q4, None, progress=said.append)
     assert not cal.quiet and len(cal.costs.target) == 2        # the first two sizes only
-    assert cal.costs.t(33) > cal.costs.t(2)                    # extended along their line
+    assert cal.costs.pass_seconds(33) > cal.costs.pass_seconds(2)      # extended along their line
     assert any("busy" in s for s in said)
 
 

@@ -40,7 +40,7 @@ def test_a_busy_calibration_is_measured_again_and_the_quiet_one_kept(
     with load(smollm2_f32_path, smollm2_q4_path) as eng:
         costs = eng._drafting.costs
         assert costs.busy and not cache.exists()                # used, not kept
-        busy_t1 = costs.t(1)
+        busy_t1 = costs.pass_seconds(1)
         # Not due yet: the first answers run on the busy figures.
         eng.generate(PROMPTS[0], max_tokens=8, sampling=GREEDY)
         assert costs.busy
@@ -58,10 +58,11 @@ def test_a_busy_calibration_is_measured_again_and_the_quiet_one_kept(
         eng._drafting._remeasure_at = 0.0
         out = eng.generate(PROMPTS[1], max_tokens=24, sampling=GREEDY)
         assert out.text and not costs.busy
-        assert costs is eng._drafting.costs and costs.t(1) != busy_t1   # replaced in place
+        assert costs is eng._drafting.costs             # replaced in place
+        assert costs.pass_seconds(1) != busy_t1
         (entry,) = entries(cache).values()
         assert entry["source"] == "calibration"
-        assert entry["target"]["1"] == pytest.approx(costs.t(1), rel=0.5)
+        assert entry["target"]["1"] == pytest.approx(costs.pass_seconds(1), rel=0.5)
 
 
 def test_refined_costs_are_kept_and_the_next_process_starts_from_them(
@@ -92,7 +93,7 @@ def test_refined_costs_are_kept_and_the_next_process_starts_from_them(
     # what they measure: far below ten times the calibration.
     assert entry["draft"] < poisoned.draft
     # (a size the calibration did not measure is compared with its interpolation)
-    assert any(saved[n] < poisoned.t(n) for n in saved)
+    assert any(saved[n] < poisoned.pass_seconds(n) for n in saved)
 
     with load(smollm2_f32_path, smollm2_q4_path) as eng:     # the next process
         start = eng._drafting.costs
@@ -103,7 +104,7 @@ def test_refined_costs_are_kept_and_the_next_process_starts_from_them(
         # The engine tells its costs where its target is: a pass's cost grows with it.
         eng.generate(PROMPTS[0], max_tokens=1, sampling=GREEDY)
         assert start.position() == len(eng.target.tokens) > 0
-        assert start.t(4) > float(start.bare(4))
+        assert start.pass_seconds(4) > float(start.bare(4))
 
 
 def test_a_busy_calibration_heals_even_while_the_threads_are_backed_off(

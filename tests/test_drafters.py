@@ -10,6 +10,7 @@ from edgespec.config import SamplingParams
 from edgespec.drafting import (AdaptiveLength, Costs, Draft, FixedLength, HybridDrafter,
                                ModelDrafter, NgramDrafter)
 from edgespec.drafting.ngram import lookup
+from edgespec.drafting.reading import Reading
 
 from markov import MarkovLM
 
@@ -41,7 +42,7 @@ def simulate(costs, acceptance, rounds=600, fixed=None, seed=0):
         n = 0
         while n < len(confs) and rng.random() < acceptance(r, confs[n]):
             n += 1
-        dt = len(confs) * draft + c.t(len(confs) + 1)
+        dt = len(confs) * draft + c.pass_seconds(len(confs) + 1)
         tokens += n + 1
         seconds += dt
         pol.observe(len(confs), n, confs, [draft] * max(0, len(confs) - 1), dt - len(confs) * draft)
@@ -123,6 +124,18 @@ class _Recorder:
     def rest(self):
         self.rested += 1
 
+    def pass_seconds(self, n_rows):
+        return None
+
+    def step_seconds(self):
+        return None
+
+    def expected_round(self, k):
+        return None
+
+    def saving(self, tokens_ahead, keep=1.0):
+        return None
+
     def catch_up_pays(self, seconds, tokens_ahead):
         return True
 
@@ -191,7 +204,7 @@ def test_a_resting_adaptive_policy_forgets_and_reprobes():
     pol = AdaptiveLength(c, k_max=32)
     for _ in range(200):                       # n-gram drafts that always fail
         k = pol.plan()
-        pol.observe(k, 0, [None] * k, [], c.t(k + 1))
+        pol.observe(k, 0, [None] * k, [], c.pass_seconds(k + 1))
     assert pol.plan() == 0
     for _ in range(3000):                      # the model drafts meanwhile
         pol.rest()
@@ -206,7 +219,7 @@ def test_hybrid_decodes_plainly_when_the_draft_lags_too_far_to_catch_up():
     """After long n-gram runs the draft model has not seen many committed tokens; evaluating
     them costs more than drafting with it saves before the next match: a plain round."""
     model = sevens(AdaptiveLength(Costs(dict(GEMMA[0]), GEMMA[1])), n_vocab=400)
-    model.catch_up_cost = 0.010                                # 10 ms per lagging token
+    model.reading.catch_up_cost = 0.010                        # 10 ms per lagging token
     hyb = HybridDrafter(model, NgramDrafter(_Recorder(8)))
     rng = np.random.default_rng(0)
     no_match = list(range(100, 400))
@@ -237,11 +250,11 @@ def test_plain_passes_rescale_every_cost():
     c = Costs({1: 0.030, 9: 0.070, 33: 0.160}, draft=0.014)
     for _ in range(200):
         c.observe_target(1, 0.024)
-    assert c.t(1) == pytest.approx(0.024, rel=0.02)
-    assert c.t(9) / c.t(1) == pytest.approx(0.070 / 0.030, rel=1e-6)
-    assert c.draft / c.t(1) == pytest.approx(0.014 / 0.030, rel=1e-6)
+    assert c.pass_seconds(1) == pytest.approx(0.024, rel=0.02)
+    assert c.pass_seconds(9) / c.pass_seconds(1) == pytest.approx(0.070 / 0.030, rel=1e-6)
+    assert c.draft / c.pass_seconds(1) == pytest.approx(0.014 / 0.030, rel=1e-6)
     c.observe_target(9, 0.050)                 # a batch pass updates its own entry only
-    assert c.t(1) == pytest.approx(0.024, rel=0.02)
+    assert c.pass_seconds(1) == pytest.approx(0.024, rel=0.02)
 
 
 # SmolLM2's F32 target on the 2-core AMX machine over an empty context (seconds per pass of n
@@ -271,12 +284,14 @@ def test_batches_over_a_long_context_teach_the_attention_term():
     assert c.attention == pytest.approx(SMOL_ATTENTION, rel=0.25)
     truth = Costs(dict(SMOL_EMPTY), 0.017, attention=SMOL_ATTENTION, position=lambda: 1600)
     for n in (1, 5, 9):
-        assert c.t(n) == pytest.approx(truth.t(n), rel=0.08)
+        assert c.pass_seconds(n) == pytest.approx(truth.pass_seconds(n), rel=0.08)
     # The same costs after a short context are the table's again (a new short prompt).
     at[0] = 20
-    assert c.t(9) / c.t(1) == pytest.approx(truth.bare(9) / truth.bare(1), rel=0.1)
+    assert c.pass_seconds(9) / c.pass_seconds(1) == pytest.approx(truth.bare(9) / truth.bare(1),
+                                                                  rel=0.1)
     # Without the attention term (the negative control) the shape is the empty context's.
-    assert truth.t(9) / truth.t(1) > 1.25 * float(truth.bare(9) / truth.bare(1))
+    assert truth.pass_seconds(9) / truth.pass_seconds(1) > 1.25 * float(truth.bare(9)
+                                                                        / truth.bare(1))
 
 
 def test_short_contexts_refine_the_table_and_leave_the_attention_term():
@@ -297,7 +312,7 @@ def test_drafting_over_a_long_prompt_stops_when_its_batches_no_longer_pay():
     rng = np.random.default_rng(0)
     for _ in range(300):
         n = 0 if rng.random() >= 0.4 else 1 if rng.random() >= 0.4 else 2
-        pol.observe(2, n, [None, None], [], c.t(3))
+        pol.observe(2, n, [None, None], [], c.pass_seconds(3))
     assert pol.best()[0] > 0
     at[0] = 2900
     assert pol.best()[0] == 0
@@ -326,9 +341,9 @@ def test_a_disturbed_measurement_never_makes_a_batch_cost_less_or_below_zero():
     # Two sizes measured on a busy machine: the 2-token pass happened to be faster.
     c = Costs({1: 0.083, 2: 0.031}, draft=0.01)
     sizes = np.array([1, 2, 4, 8, 16, 33, 64])
-    t = c.t(sizes)
+    t = c.pass_seconds(sizes)
     assert np.all(np.diff(t) >= 0) and np.all(t > 0)
-    assert c.t(33) > c.t(2)
+    assert c.pass_seconds(33) > c.pass_seconds(2)
 
 
 # -- a long prompt: the first token never waits for the draft ------------------------------
@@ -363,9 +378,9 @@ def test_the_first_round_is_plain_and_a_long_prompt_is_caught_up_in_chunks(promp
                                          prompt_row=prompt_row)
     assert steps[0].round is not None and steps[0].round.drafted == ()   # the target's own
     # The prompt pass's row gives the first token: one pass fewer than a plain first round.
-    assert stats.plain_passes == (-(-(300 - ModelDrafter.CATCH_UP_CHUNK)
-                                    // ModelDrafter.CATCH_UP_CHUNK) + (not prompt_row))
-    chunk = ModelDrafter.CATCH_UP_CHUNK
+    assert stats.plain_passes == (-(-(300 - Reading.CATCH_UP_CHUNK)
+                                    // Reading.CATCH_UP_CHUNK) + (not prompt_row))
+    chunk = Reading.CATCH_UP_CHUNK
     # ~300 tokens behind: one chunk a round from the second round on, each round plain,
     # until the cache is within a chunk of the context; then the draft drafts.
     behind_rounds = -(-(300 - chunk) // chunk)
@@ -384,13 +399,13 @@ def test_a_catch_up_that_does_not_pay_is_skipped_and_the_output_is_the_targets()
     loop decodes plainly, never evaluating the prompt on the draft."""
     pol = AdaptiveLength(Costs(dict(GEMMA[0]), GEMMA[1]))
     model = sevens(pol, n_vocab=400)
-    model.catch_up_cost = 0.010
+    model.reading.catch_up_cost = 0.010
     steps, stats, _ = _sevens_loop(None, prompt_len=1500, max_new=12, drafter=model)
     assert stats.caught_up == 0 and stats.drafted == 0 and model.model.tokens == []
     assert [s.token for s in steps] == [7] * 12
     # The same prompt with a long answer ahead: catching up (15 s) is repaid.
     model = sevens(AdaptiveLength(Costs(dict(GEMMA[0]), GEMMA[1])), n_vocab=400)
-    model.catch_up_cost = 0.010
+    model.reading.catch_up_cost = 0.010
     steps, stats, _ = _sevens_loop(None, prompt_len=1500, max_new=3000, drafter=model)
     assert stats.caught_up > 1400 and stats.drafted > 0
 
@@ -398,15 +413,15 @@ def test_a_catch_up_that_does_not_pay_is_skipped_and_the_output_is_the_targets()
 def test_the_typical_answer_bounds_what_catching_up_is_repaid_over():
     model = sevens(FixedLength(4), n_vocab=400)
     _sevens_loop(None, prompt_len=10, max_new=20, drafter=model)
-    assert model.answer_tokens is None
+    assert model.reading.answer_tokens is None
     model.begin([1] * 50, 2000)                 # the last answer was 20 tokens
-    assert model.answer_tokens == 20
-    assert model.tokens_ahead(50) == 20 and model.tokens_ahead(58) == 12
-    assert model.tokens_ahead(90) == 40         # longer than typical: as long again
+    assert model.reading.answer_tokens == 20
+    assert model.reading.tokens_ahead(50) == 20 and model.reading.tokens_ahead(58) == 12
+    assert model.reading.tokens_ahead(90) == 40     # longer than typical: as long again
     model.rollback(1500)
     model.begin([1] * 1600, 1700)               # a 1451-token answer moves the estimate
-    assert model.answer_tokens == pytest.approx(20 + 0.3 * 1431)
-    assert model.tokens_ahead(1600) == 100      # the budget bounds it
+    assert model.reading.answer_tokens == pytest.approx(20 + 0.3 * 1431)
+    assert model.reading.tokens_ahead(1600) == 100  # the budget bounds it
 
 
 def test_the_hybrid_drafts_ngrams_while_the_model_catches_up():
@@ -418,7 +433,7 @@ def test_the_hybrid_drafts_ngrams_while_the_model_catches_up():
                                    cycle=True)
     rounds = [s.round for s in steps if s.round is not None]
     assert rounds[0].drafted == () and [r.source for r in rounds[1:4]] == ["ngram"] * 3
-    assert stats.caught_up >= 400 - ModelDrafter.CATCH_UP_CHUNK
+    assert stats.caught_up >= 400 - Reading.CATCH_UP_CHUNK
     assert [s.token for s in steps] == [100 + i % 250 for i in range(400, 460)]
 
 
@@ -427,7 +442,7 @@ def test_a_long_prompt_is_read_through_a_window_when_that_saves_the_most():
     first 32 and last 256 (2.9 s) are, at the window's lower acceptance: the draft reads
     those, and the output is the target's."""
     model = sevens(AdaptiveLength(Costs(dict(GEMMA[0]), GEMMA[1])), n_vocab=400)
-    model.catch_up_cost = 0.010
+    model.reading.catch_up_cost = 0.010
     steps, stats, _ = _sevens_loop(None, prompt_len=1500, max_new=300, drafter=model)
     prompt = [100 + i % 250 for i in range(1500)]
     held = model.model.tokens

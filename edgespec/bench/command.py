@@ -165,7 +165,7 @@ def cmd_calibrate(args) -> int:
               f"batch size [{sizes}]")
         if draft is not None:
             print(f"draft {draft.path.name}: {1000 * costs.draft:.1f} ms per token "
-                  f"({costs.draft / costs.t(1):.2f} of a target token)")
+                  f"({costs.draft / costs.pass_seconds(1):.2f} of a target token)")
         if cal.quiet:
             CostCache(eng.target, draft, eng.draft_head).save(costs, "calibration")
             print(f"kept in {paths.calibration_file()} (measured again after "

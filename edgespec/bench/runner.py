@@ -119,8 +119,8 @@ def predicted_speedup(costs, t: Totals, draft_cost: float) -> Optional[float]:
     if not t.passes or costs is None:
         return None
     k_eff = t.drafted / t.passes
-    per_token = (k_eff * draft_cost + costs.t(k_eff + 1)) / (t.tokens / t.passes)
-    return costs.t(1) / per_token
+    per_token = (k_eff * draft_cost + costs.pass_seconds(k_eff + 1)) / (t.tokens / t.passes)
+    return costs.pass_seconds(1) / per_token
 
 
 def run_bench(engine, prompts: list[str], *, max_tokens: int, sampling: SamplingParams,
@@ -214,7 +214,7 @@ def run_bench(engine, prompts: list[str], *, max_tokens: int, sampling: Sampling
         "configs": rows,
         "costs": {"target_seconds_by_batch": dict(sorted(costs.target.items())),
                   "draft_seconds_per_token": costs.draft,
-                  "draft_to_target_cost": costs.draft / costs.t(1)},
+                  "draft_to_target_cost": costs.draft / costs.pass_seconds(1)},
         "max_tokens": max_tokens, "prompts": len(prompts) * repeats,
         "temperature": sampling.temperature,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

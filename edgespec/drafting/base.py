@@ -21,6 +21,9 @@ from ..sampling import Dist
 if TYPE_CHECKING:
     from ..constraints import GrammarState
 
+# An extender: given the draft so far, tokens that continue it for free (an n-gram match).
+Extender = Callable[[list[int]], list[int]]
+
 
 @dataclass
 class Draft:

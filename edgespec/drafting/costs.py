@@ -74,11 +74,11 @@ class Costs:
                  if len(keys) > 1 else 0.0)
         self._slope = slope if slope > 0 else self._vals[-1] / self._keys[-1]
 
-    def t(self, n):
-        """Seconds for a target pass of ``n`` tokens (scalar or array) after the current
-        context: the table linear between measured sizes, extended along the last segment
-        beyond them, plus the attention term."""
-        n = np.asarray(n, dtype=float)
+    def pass_seconds(self, n_rows):
+        """Seconds for a target pass of ``n_rows`` tokens (scalar or array; each gives a row
+        of logits) after the current context: the table linear between measured sizes,
+        extended along the last segment beyond them, plus the attention term."""
+        n = np.asarray(n_rows, dtype=float)
         out = self.bare(n) + self.attention * n * self.position()
         return float(out) if out.ndim == 0 else out
 
@@ -97,7 +97,7 @@ class Costs:
     def observe_target(self, n: int, seconds: float) -> None:
         self.observed += 1
         context = self.position()
-        old = self.t(n)
+        old = self.pass_seconds(n)
         new = self._blend(old, seconds, self.ema)
         if n == 1:
             # A plain pass measures how fast the machine is now, and while decoding plainly
@@ -232,7 +232,7 @@ def _fingerprint(model: HiddenStateModel) -> str:
     st = model.path.stat()
     c = model.config
     return f"{model.path.resolve()}|{st.st_size}|{int(st.st_mtime)}|t{c.n_threads}|" \
-           f"ngl{c.n_gpu_layers}" + (f"@rpc={','.join(c.rpc)}" if getattr(c, "rpc", ()) else "")
+           f"ngl{c.n_gpu_layers}" + (f"@rpc={','.join(c.rpc)}" if c.rpc else "")
 
 
 def _current(key: str, entry) -> bool:

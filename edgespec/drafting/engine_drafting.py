@@ -127,7 +127,7 @@ class EngineDrafting:
     def plain_pass_seconds(self) -> Optional[float]:
         """The cost model's seconds for a one-token target pass, as decoding refined it
         (None without a cost model: a pinned draft length)."""
-        return self.costs.t(1) if self.costs is not None else None
+        return self.costs.pass_seconds(1) if self.costs is not None else None
 
     def for_sampling(self, sampling: SamplingParams) -> Optional[Drafter]:
         spec = self.spec

@@ -10,8 +10,8 @@ import numpy as np
 
 from ..config import SamplingParams
 from .base import Draft
-from .model import Extender, ModelDrafter
-from .ngram import NgramDrafter, lookup
+from .model import ModelDrafter
+from .ngram import NgramDrafter
 
 if TYPE_CHECKING:
     from ..constraints import GrammarState
@@ -35,6 +35,7 @@ class HybridDrafter:
 
     def __init__(self, model: ModelDrafter, ngram: NgramDrafter, extend_match: int = 6):
         self.model, self.ngram = model, ngram
+        self.reading = model.reading        # the model's cache: behind, catching up, its cost
         self.extend_match = extend_match
         self._planned = (0, 0)          # (model, ngram) plans for this round
         # Stretches without a usable n-gram match, in tokens: an estimate of how long the
@@ -64,13 +65,13 @@ class HybridDrafter:
             self._match_found(len(context))
         elif self._miss_start is None:
             self._miss_start = len(context)
-        if k_model > 0 and self.model.behind(context):
+        if k_model > 0 and self.reading.behind(context):
             # The model catches up (a chunk when that pays, never on the first round) while
             # the n-gram drafts, or the round is plain. While the n-gram matches, catching up
-            # must pay before its next miss; without a match the model judges for itself over
-            # the rest of the answer (and may read a long prompt through a window).
+            # must pay before its next miss; without a match the model's reading judges for
+            # itself over the rest of the answer (and may read a long prompt through a window).
             worth = self._catch_up_pays(context) if d.x else None
-            caught = self.model.catch_up(context, worth).caught_up
+            caught = self.reading.catch_up(context, worth).caught_up
             if not d.x:
                 d = Draft()
             d.caught_up = caught
@@ -78,8 +79,11 @@ class HybridDrafter:
                 and self._catch_up_pays(context):
             if constraint is not None:
                 constraint.rollback(len(d.x))
+            # A long n-gram match of the context and the draft so far (the answer has started
+            # to quote) continues the draft for free, up to the loop's bound rather than the
+            # model's plan, since those tokens cost no draft steps.
             d = self.model.draft(context, k_max, params, rng, should_stop, constraint,
-                                 extend=self._extender(context, k_max))
+                                 extend=self.ngram.extender(context, k_max, self.extend_match))
         elif not d.x:
             # No match, and the model is not worth drafting with (its plan, or catching it
             # up): a plain round for both sources.
@@ -119,21 +123,9 @@ class HybridDrafter:
     def _catch_up_pays(self, context: Sequence[int]) -> bool:
         """Whether catching the model up is repaid before the next n-gram match is likely
         (and before the answer is expected to end)."""
-        seconds = self.model.catch_up_seconds(context)
+        seconds = self.reading.catch_up_seconds(context)
         if seconds is None:
             return True
         stretch = len(context) - self._miss_start if self._miss_start is not None else 0
-        ahead = min(max(self.miss_tokens, stretch), self.model.tokens_ahead(len(context)))
+        ahead = min(max(self.miss_tokens, stretch), self.reading.tokens_ahead(len(context)))
         return self.model.policy.catch_up_pays(seconds, ahead)
-
-    def _extender(self, context: Sequence[int], k: int) -> Extender:
-        """While the model drafts: a long n-gram match of the context and the draft so far
-        (the answer has started to quote) continues the draft for free, up to the loop's
-        bound ``k`` rather than the model's plan, since those tokens cost no draft steps."""
-        ng = self.ngram
-        tail = list(context[-ng.window:])
-
-        def extend(x: list[int]) -> list[int]:
-            more, n = lookup(tail + x, k - len(x), ng.ngram_min, ng.ngram_max, ng.window)
-            return more if n >= self.extend_match else []
-        return extend

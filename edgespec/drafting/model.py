@@ -2,14 +2,9 @@
 family through a :class:`~.cross_vocab.Translation` (its proposals restricted to the tokens
 both vocabularies hold, :mod:`.cross_vocab`).
 
-The draft never delays the target's first token (the loop takes it from the prompt pass's
-last row, without asking the drafter), and a draft cache far behind the context (a long
-prompt, a long n-gram run) catches up one chunk per round, between target steps, and only
-while the cost model says that drafting for the rest of the answer repays what catching up
-costs. It may read a long prompt through a window, its first tokens and its last few hundred,
-when that is expected to save more time than the acceptance it costs (docs/decisions.md, "The
-first token of a long prompt"). What the draft reads changes only how fast the answer comes,
-never what it is.
+Each draft token is drawn from q, the draft's distribution warped exactly as the target's p
+will be (and masked alike under a grammar); what the draft's cache reads, and whether bringing
+it up to date pays, is its :class:`~.reading.Reading`'s.
 """
 
 from __future__ import annotations
@@ -21,11 +16,11 @@ import numpy as np
 
 from ..config import SamplingParams
 from ..lm import LanguageModel
-from ..prompt_cache import common_prefix
 from ..sampling import Dist, apply_penalties, draw, warp
-from .base import Draft
+from .base import Draft, Extender
 from .cross_vocab import Translation, restrict
 from .policy import LengthPolicy
+from .reading import Reading
 from .reduced_head import ReducedHead
 
 if TYPE_CHECKING:
@@ -35,8 +30,8 @@ if TYPE_CHECKING:
 # them makes the confidence check ~5× cheaper on a 262k-entry row.
 _CONFIDENCE_WINDOW = 16.0
 
-# An extender: given the draft so far, tokens that continue it for free (an n-gram match).
-Extender = Callable[[list[int]], list[int]]
+# A draft step's q and its confidence (None: not measured); None when nothing may be drawn.
+Proposal = Optional[tuple[Dist, Optional[float]]]
 
 
 def top_probability(logits: np.ndarray) -> float:
@@ -53,21 +48,12 @@ class ModelDrafter:
     committed context; the missing tail (at least the last committed token) is fed at the
     start of the next draft. With a :class:`ReducedHead` each step skips llama.cpp's output
     layer and applies the head's rows instead.
-    """
 
-    # A cache more than this many tokens behind the context catches up this many per round (a
-    # plain round for the draft): a chunk batches well, and the answer's tokens keep flowing.
-    CATCH_UP_CHUNK = 64
-    # How fast the typical answer length (what catching up is repaid over) follows new answers.
-    ANSWER_EMA = 0.3
-    # A long prompt may be read through a window: its first HEAD tokens and its last W, for
-    # these W, each keeping this share of the acceptance the whole prompt gives (the least
-    # of both registry pairs, scripts/bench_draft_window.py, docs/decisions.md).
-    HEAD = 32
-    WINDOWS = ((256, 0.80), (1024, 0.90))
-    # Until a catch-up was measured, a prompt token is taken to cost this share of a draft
-    # step (measured: 0.2-0.4 on both pairs); the first chunk measures it.
-    PROMPT_TOKEN_SHARE = 0.5
+    Beside the :class:`~.base.Drafter` contract, a hybrid drafter uses its ``policy`` (the
+    :class:`~.policy.LengthPolicy`'s estimates), its ``reading`` (:class:`~.reading.Reading`:
+    whether the cache is behind, catching up, what that costs), ``draft(..., extend=)`` and
+    :meth:`rest`.
+    """
 
     def __init__(self, model: LanguageModel, eog: frozenset[int], policy: LengthPolicy,
                  head: Optional[ReducedHead] = None,
@@ -80,35 +66,13 @@ class ModelDrafter:
         # (-1: none). Positions in the draft's cache are then its own tokens'.
         self.translation, self._to_target = cross or (None, None)
         self._shared = self._to_target >= 0 if self._to_target is not None else None
-        # Seconds per token to bring the cache up to the context after others committed
-        # tokens it has not seen (n-gram rounds); None until measured on a batch of 4+.
-        self.catch_up_cost: Optional[float] = None
+        self.reading = Reading(model, policy, self.translation)
         self._planned = 0       # this round's plan
-        # The generation in progress: where it started and must end (context lengths) and the
-        # committed length last seen. The typical answer's length in tokens (None until one
-        # answer ended).
-        self._start, self._limit = 0, float("inf")
-        self._seen = 0
-        self.answer_tokens: Optional[float] = None
-        # The context the cache leaves out, [a, b), when a window was chosen (the cache holds
-        # context[:a] + context[b:]); whether this generation chose already.
-        self._skip: Optional[tuple[int, int]] = None
-        self._chosen = False
-        self._plain_rounds = 0      # plain rounds of this answer since the model last drafted
 
     # -- the contract ---------------------------------------------------------------------
 
     def begin(self, context: Sequence[int], limit: int) -> None:
-        if self._seen > self._start:        # the previous answer's length, learned
-            n = self._seen - self._start
-            self.answer_tokens = (n if self.answer_tokens is None else
-                                  self.answer_tokens + self.ANSWER_EMA * (n - self.answer_tokens))
-        self._start = self._seen = len(context)
-        self._limit = limit
-        self._plain_rounds = 0
-        if self._skip is not None:      # a window of the last conversation: read afresh
-            self.model.truncate(min(len(self.model.tokens), self._skip[0]))
-        self._skip, self._chosen = None, False
+        self.reading.begin(context, limit)
 
     def plan(self) -> int:
         self._planned = self.policy.plan()
@@ -122,57 +86,30 @@ class ModelDrafter:
         said. ``extend(x)``, asked after each drawn token but the last planned one, may
         return tokens that continue ``x`` (an n-gram match): they end the draft with one-hot
         q and are counted in ``Draft.extended``; the extender bounds their number."""
-        if self.behind(context):
-            return self.catch_up(context)
+        reading = self.reading
+        if reading.behind(context):         # a plain round: a chunk of the context, or none
+            return reading.catch_up(context)
         t0 = time.perf_counter()
-        m = self.model
-        seen = self._view(context)          # what the draft reads: the context, or a window
-        if not seen:
-            return Draft()
-        n_cached = len(m.tokens)
-        assert m.tokens == seen[:n_cached], "draft cache diverged from the context"
-        if n_cached == len(seen):       # (across vocabularies: the last token added none)
-            n_cached -= 1
-            m.truncate(n_cached)
-        if not self._reentry_pays(len(seen) - n_cached):
+        unread = reading.unread(context)
+        if not unread or not reading.reentry_pays(len(unread), self._planned):
             return Draft()
         if self.head is not None:
-            self.head.follow(self._tokens(context))
-        ids, vals = self._step(seen[n_cached:])
-        self._measure_catch_up(len(seen) - n_cached, time.perf_counter() - t0)
-        d = Draft(source="model", caught_up=max(0, len(seen) - n_cached - 1))
+            self.head.follow(reading.tokens(context))
+        ids, vals = self._step(unread)      # the logits of the first draft position
+        reading.measured(len(unread), time.perf_counter() - t0)
+        d = Draft(source="model", caught_up=max(0, len(unread) - 1))
         need_conf = self.policy.needs_confidence
-        plain_greedy = params.greedy and not params.uses_penalty
         tail = list(context[-params.repeat_last_n:]) if params.uses_penalty else []
         if tail and self.translation is not None:
             tail = self.translation.extend(tail)
         own_max = min(k_max, self._planned)     # the policy's tokens; free ones come on top
         drawn = 0
         while drawn < own_max:
-            if self.translation is not None:
-                tq = time.perf_counter()
-                found = self._cross_q(ids, vals, params, tail, constraint, need_conf)
-                self.translation.q_seconds += time.perf_counter() - tq
-                if found is None:           # nothing allowed among the shared tokens
-                    break
-                q_i, confidence = found
-            else:
-                allowed = None
-                if constraint is not None:      # q is masked exactly as the target's p will be
-                    allowed = constraint.mask()
-                    allowed = allowed if ids is None else allowed[ids]
-                    if not allowed.any():       # no allowed token in the draft's vocabulary
-                        break
-                    vals = np.where(allowed, vals, np.float32(-np.inf))
-                # The stop decision uses only this position's distribution (policy.py).
-                if plain_greedy:
-                    j = int(np.argmax(vals))
-                    q_i = Dist.one_hot(j if ids is None else int(ids[j]))
-                    confidence = top_probability(vals) if need_conf else None
-                else:
-                    q_i = self._warp(ids, vals, params, tail, allowed)
-                    confidence = ((top_probability(vals) if params.greedy else
-                                   float(q_i.probs.max())) if need_conf else None)
+            found = self._propose(ids, vals, params, tail, constraint, need_conf)
+            if found is None:           # the grammar allows none of the draft's tokens
+                break
+            q_i, confidence = found
+            # The stop decision uses only this position's distribution (policy.py).
             if should_stop() or not self.policy.keep_drafting(drawn, confidence):
                 break
             x_i = draw(q_i, params, rng, len(context) + len(d.x))
@@ -185,19 +122,11 @@ class ModelDrafter:
                 constraint.consume([x_i])
             if x_i in self.eog or len(d.x) == k_max:
                 break
-            more = extend(d.x) if extend is not None and drawn < own_max else []
-            if more and constraint is not None:
-                more = more[:constraint.consume(more)]
-            if more:
-                # The continuation is a function of the tokens drawn so far: a one-hot q
-                # for each keeps rejection sampling exact.
-                d.add(more)
-                d.extended = len(more)
+            if extend is not None and drawn < own_max and self._extended(d, extend, constraint):
                 break
             # Tokens the grammar forces next are drafted for free (one-hot q) and evaluated
             # with x_i in one step.
-            forced = constraint.forced()[:k_max - len(d.x)] if constraint is not None else []
-            forced = forced[:constraint.consume(forced)] if forced else []
+            forced = self._forced(constraint, k_max - len(d.x))
             d.add(forced)
             if drawn == own_max or len(d.x) == k_max or self.eog.intersection(forced):
                 break
@@ -214,169 +143,85 @@ class ModelDrafter:
         return d
 
     def observe(self, draft: Draft, n_accepted: int, verify_seconds: float) -> None:
-        self._plain_rounds = 0 if draft.source == "model" else self._plain_rounds + 1
+        self.reading.after_round(drafted=draft.source == "model")
         # The policy learns from the tokens it chose, not from forced or n-gram ones.
         k, n, confidences = draft.own(n_accepted)
         self.policy.observe(k, n, confidences, draft.step_seconds, verify_seconds,
                             k_verified=len(draft.x))
 
     def rollback(self, n_keep: int) -> None:
-        self._seen = n_keep + 1
-        if self.translation is not None:
-            # The cache may keep what it holds past the translation known so far (the
-            # accepted drafts): the next draft trims it where it stops matching (_view).
-            n = self.translation.truncate(n_keep)
-            if self._skip is not None and n < self._skip[1]:
-                self.model.truncate(min(n, self._skip[0]))
-                self._skip = None
-            return
-        if self._skip is not None and n_keep < self._skip[1]:
-            self.model.truncate(min(n_keep, self._skip[0]))     # back into the window's gap
-            self._skip = None
-        else:
-            self.model.truncate(self._seen_len(n_keep))
-
-    # -- catching up ------------------------------------------------------------------------
-
-    def behind(self, context: Sequence[int]) -> bool:
-        """Whether this round is a plain one for the model: its cache is more than a chunk
-        behind. (The first token never waits for the draft: the loop gives it from the
-        prompt pass, or from a plain first round, without asking the drafter.)"""
-        return self._lag(context) > self.CATCH_UP_CHUNK
-
-    def catch_up(self, context: Sequence[int], worth: Optional[bool] = None) -> Draft:
-        """A plain round while :meth:`behind`: one chunk of the context the cache lacks is
-        evaluated when catching up is ``worth`` it (default: this drafter's own judgement,
-        :meth:`catch_up_worth`)."""
-        t0 = time.perf_counter()
-        d = Draft()
-        if worth if worth is not None else self.catch_up_worth(context):
-            n = len(self.model.tokens)
-            chunk = list(self._view(context)[n:n + self.CATCH_UP_CHUNK])
-            self.model.eval(chunk, 0)
-            self._measure_catch_up(len(chunk), time.perf_counter() - t0)
-            d.caught_up = len(chunk)
-        d.seconds = time.perf_counter() - t0
-        return d
-
-    def _reentry_pays(self, lag: int) -> bool:
-        """Whether drafting again after plain rounds of this answer is worth it: the first
-        step must then also evaluate the tokens those rounds committed (``lag`` tokens where
-        one is the rule), and a batch of a few tokens costs a small model about a step per
-        token on a CPU (docs/decisions.md). This round's expected saving must repay that, or
-        the round stays plain: a pair that barely pays would otherwise lose more on each
-        return than its drafts gain. (The prompt's tokens are not counted: reading them is
-        repaid over the whole answer, :meth:`catch_up_worth`.)"""
-        extra = min(lag - 1, self._plain_rounds)
-        expected = getattr(self.policy, "expected", None)
-        if extra <= 0 or expected is None:      # (a pinned draft length drafts regardless)
-            return True
-        costs = self.policy.costs
-        per_token = self.catch_up_cost or self.PROMPT_TOKEN_SHARE * costs.draft
-        tokens, seconds = expected(max(1, self._planned))
-        return tokens * costs.t(1) > seconds + extra * per_token
-
-    def tokens_ahead(self, position: int) -> float:
-        """How many more tokens this answer is expected to have at ``position`` (a context
-        length), within what the generation may still make: what the typical answer has
-        left, or, past the typical length, as many as it has made so far."""
-        left = self._limit - position
-        if self.answer_tokens is None:
-            return left
-        made = position - self._start
-        return min(left, max(self.answer_tokens - made, made))
-
-    def catch_up_worth(self, context: Sequence[int]) -> bool:
-        """Whether bringing the cache up to the context is repaid by drafting for the rest of
-        the answer (the tokens decoded plainly while catching up not counted). The first time
-        in a generation, a window of a long prompt may be chosen (:meth:`_choose_window`).
-        Unmeasured, one chunk is the measurement, when drafting pays at all."""
-        if not self._chosen:
-            self._chosen = True
-            self._choose_window(context)
-        lag = self._lag(context)
-        ahead = self.tokens_ahead(len(context)) - lag / self.CATCH_UP_CHUNK
-        if ahead <= 1:
-            return False
-        seconds = self.catch_up_seconds(context)
-        return self.policy.catch_up_pays(seconds or 0.0, ahead)
-
-    def _choose_window(self, context: Sequence[int]) -> None:
-        """Read the prompt whole, or through a window (its first HEAD tokens, its last W):
-        whichever the cost model expects to save the most over the rest of the answer, the
-        saving at a window's acceptance less what reading it costs. Only under a cost model
-        (a pinned draft length reads the whole prompt)."""
-        saving = getattr(self.policy, "saving", None)
-        if saving is None:
-            return
-        n, size = len(self.model.tokens), len(self._tokens(context))     # (the draft's tokens)
-        cost = self.catch_up_cost or self.PROMPT_TOKEN_SHARE * self.policy.costs.draft
-        ahead = self.tokens_ahead(len(context))
-
-        def net(read: int, keep: float) -> float:
-            return saving(ahead - read / self.CATCH_UP_CHUNK, keep) - read * cost
-
-        best, choice = net(size - n, 1.0), None
-        a = max(n, self.HEAD)
-        for w, keep in self.WINDOWS:
-            b = size - w
-            if b - a > self.CATCH_UP_CHUNK:
-                value = net(a - n + w, keep)
-                if value > best:
-                    best, choice = value, (a, b)
-        self._skip = choice
-
-    def _tokens(self, context: Sequence[int]) -> Sequence[int]:
-        """The context in the draft's tokens."""
-        return context if self.translation is None else self.translation.tokens(context)
-
-    def _view(self, context: Sequence[int]) -> Sequence[int]:
-        """The context as the draft reads it (all of it, or the window chosen), in its own
-        tokens. Across vocabularies the cache is first trimmed to what still matches it (a
-        re-tokenised run, drafts that were rejected)."""
-        seen = self._tokens(context)
-        if self._skip is not None:
-            a, b = self._skip
-            seen = list(seen[:a]) + list(seen[b:])
-        if self.translation is not None:
-            m = self.model
-            n = len(m.tokens)
-            if m.tokens != seen[:n]:
-                m.truncate(common_prefix(m.tokens, seen))
-        return seen
-
-    def _seen_len(self, n: int) -> int:
-        """How long the first ``n`` context tokens are as the draft reads them (the same
-        vocabulary)."""
-        return n if self._skip is None else n - (self._skip[1] - self._skip[0])
-
-    def _lag(self, context: Sequence[int]) -> int:
-        if self.translation is not None:
-            return len(self._view(context)) - len(self.model.tokens)
-        return self._seen_len(len(context)) - len(self.model.tokens)
-
-    # -- for a hybrid drafter -------------------------------------------------------------
+        self.reading.rollback(n_keep)
 
     def rest(self) -> None:
-        """Another source drafted this round."""
-        self._plain_rounds += 1
+        """Another source drafted this round (a hybrid drafter's)."""
+        self.reading.after_round(drafted=False)
         self.policy.rest()
 
-    def catch_up_seconds(self, context: Sequence[int]) -> Optional[float]:
-        """What evaluating the context tokens this cache has not seen would cost (None: not
-        measured yet, or only a few tokens behind)."""
-        lag = self._lag(context)
-        if self.catch_up_cost is None or lag < 4:
+    # -- free tokens ------------------------------------------------------------------------
+
+    @staticmethod
+    def _extended(d: Draft, extend: Extender, constraint: Optional["GrammarState"]) -> bool:
+        """Whether ``extend`` continued the draft (those tokens added, as far as the grammar
+        allows them): the continuation is a function of the tokens drawn so far, so a
+        one-hot q for each keeps rejection sampling exact."""
+        more = extend(d.x)
+        if more and constraint is not None:
+            more = more[:constraint.consume(more)]
+        if more:
+            d.add(more)
+            d.extended = len(more)
+        return bool(more)
+
+    @staticmethod
+    def _forced(constraint: Optional["GrammarState"], room: int) -> list[int]:
+        """The tokens the grammar forces next (at most ``room``), consumed."""
+        forced = constraint.forced()[:room] if constraint is not None else []
+        return forced[:constraint.consume(forced)] if forced else []
+
+    # -- each draft step's q ----------------------------------------------------------------
+
+    def _propose(self, ids: Optional[np.ndarray], vals: np.ndarray, params: SamplingParams,
+                 tail: list[int], constraint: Optional["GrammarState"],
+                 need_conf: bool) -> Proposal:
+        """q for the next draft token over the target's ids, and its confidence (the draft's
+        top probability; measured when ``need_conf``); None when nothing may be drawn. From
+        the row ``(ids, vals)`` (:meth:`_step`); ``tail``: the penalties' history."""
+        if self.translation is None:
+            return self._own_q(ids, vals, params, tail, constraint, need_conf)
+        tq = time.perf_counter()
+        found = self._cross_q(ids, vals, params, tail, constraint, need_conf)
+        self.translation.q_seconds += time.perf_counter() - tq
+        return found
+
+    def _own_q(self, ids: Optional[np.ndarray], vals: np.ndarray, params: SamplingParams,
+               tail: list[int], constraint: Optional["GrammarState"],
+               need_conf: bool) -> Proposal:
+        """The same vocabulary: the draft's warped distribution (greedy without penalties:
+        its argmax), masked to the grammar's tokens; None when it allows none of them."""
+        allowed = None
+        if constraint is not None:
+            masked = self._masked(ids, vals, constraint)
+            if masked is None:
+                return None
+            vals, allowed = masked
+        if params.greedy and not params.uses_penalty:
+            j = int(np.argmax(vals))
+            return (Dist.one_hot(j if ids is None else int(ids[j])),
+                    top_probability(vals) if need_conf else None)
+        q = self._warp(ids, vals, params, tail, allowed)
+        return q, ((top_probability(vals) if params.greedy else float(q.probs.max()))
+                   if need_conf else None)
+
+    @staticmethod
+    def _masked(ids: Optional[np.ndarray], vals: np.ndarray,
+                constraint: "GrammarState") -> Optional[tuple[np.ndarray, np.ndarray]]:
+        """The row's logits masked to the tokens the grammar allows, exactly as the target's p
+        will be, and that mask (both in the row's index space); None when it allows none."""
+        allowed = constraint.mask()
+        allowed = allowed if ids is None else allowed[ids]
+        if not allowed.any():       # no allowed token in the draft's vocabulary
             return None
-        return lag * self.catch_up_cost
-
-    # -- inside -----------------------------------------------------------------------------
-
-    def _measure_catch_up(self, lag: int, seconds: float) -> None:
-        if lag >= 4:
-            per_token = seconds / lag
-            self.catch_up_cost = (per_token if self.catch_up_cost is None else
-                                  self.catch_up_cost + 0.2 * (per_token - self.catch_up_cost))
+        return np.where(allowed, vals, np.float32(-np.inf)), allowed
 
     def _step(self, tokens: Sequence[int]) -> tuple[Optional[np.ndarray], np.ndarray]:
         """Evaluate ``tokens``; the draft's logits after the last of them as (ids, logits):
@@ -390,7 +235,7 @@ class ModelDrafter:
 
     def _cross_q(self, ids: Optional[np.ndarray], vals: np.ndarray, params: SamplingParams,
                  tail: list[int], constraint: Optional["GrammarState"],
-                 need_conf: bool) -> Optional[tuple[Dist, Optional[float]]]:
+                 need_conf: bool) -> Proposal:
         """(q over the target's ids, confidence) of a draft across vocabularies: the draft's
         distribution over the tokens both vocabularies hold (greedy: their argmax), a grammar
         applied to their target ids; None when no such token is allowed. ``tail``: the

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..config import SamplingParams
 from ..sampling import Dist
-from .base import Draft
+from .base import Draft, Extender
 from .policy import LengthPolicy
 
 if TYPE_CHECKING:
@@ -86,3 +86,14 @@ class NgramDrafter:
     def rest(self) -> None:
         """Another source drafted this round."""
         self.policy.rest()
+
+    def extender(self, context: Sequence[int], k: int, min_match: int) -> Extender:
+        """While another source drafts after ``context``: the continuation of a match of at
+        least ``min_match`` tokens of the context and the draft so far (up to ``k`` tokens
+        in all), else none."""
+        tail = list(context[-self.window:])
+
+        def extend(x: list[int]) -> list[int]:
+            more, n = lookup(tail + x, k - len(x), self.ngram_min, self.ngram_max, self.window)
+            return more if n >= min_match else []
+        return extend

@@ -15,6 +15,13 @@ and break the losslessness of rejection sampling (tests/test_drafters.py shows b
   plans the K that maximises expected tokens per second — K = 0, plain decoding, when nothing
   pays; old evidence fades even then, so it re-probes and notices when acceptance recovers —
   and stops a draft early when no continuation is worth its time at the planned rate.
+
+A policy also answers what drafting is expected to cost and save (a target pass of n rows, a
+draft step, a round of K drafts, the next N tokens), for the drafter's other decisions: whether
+to catch a draft cache up, to read a long prompt through a window, to draft again after plain
+rounds (:mod:`.reading`), which source to draft with (:mod:`.hybrid`). :class:`FixedLength`
+has no cost model: it answers None ("no estimate"), and the callers then act as a pinned
+length does (read everything, draft regardless).
 """
 
 from __future__ import annotations
@@ -28,7 +35,6 @@ from .costs import Costs
 
 # No draft position is assumed accepted more often than this, however thin the evidence.
 MAX_ACCEPTANCE = 0.99
-
 
 
 class LengthPolicy(Protocol):
@@ -56,17 +62,38 @@ class LengthPolicy(Protocol):
     def rest(self) -> None:
         """A round this policy took no part in (another source drafted)."""
 
+    # -- what drafting is expected to cost and save (None: no estimate) -------------------
+
     @property
     def planned_rate(self) -> Optional[float]:
-        """Expected tokens per second of the round just planned (None: not estimated)."""
+        """Expected tokens per second of the round just planned."""
+
+    def pass_seconds(self, n_rows: int) -> Optional[float]:
+        """Seconds of a target pass over ``n_rows`` tokens after the current context (a
+        plain round: 1; verifying K drafts: K + 1)."""
+
+    def step_seconds(self) -> Optional[float]:
+        """Seconds of one single-token draft step."""
+
+    def expected_round(self, k: int) -> Optional[tuple[float, float]]:
+        """(tokens, seconds) expected of a round that drafts ``k`` tokens: the accepted drafts
+        and the target's own token, ``k`` draft steps and a pass of ``k + 1`` rows. Against
+        decoding those tokens plainly it saves tokens × :meth:`pass_seconds` (1) − seconds."""
+
+    def saving(self, tokens_ahead: float, keep: float = 1.0) -> Optional[float]:
+        """Seconds that drafting is expected to save over decoding the next ``tokens_ahead``
+        tokens plainly, were every position's acceptance ``keep`` times today's estimate (a
+        draft that reads only a window of the prompt); 0 when drafting would not pay."""
 
     def catch_up_pays(self, seconds: float, tokens_ahead: float) -> bool:
         """Whether spending ``seconds`` to bring the draft up to date is repaid by drafting
-        for the next ``tokens_ahead`` tokens instead of decoding plainly."""
+        for the next ``tokens_ahead`` tokens instead of decoding plainly (a pinned length:
+        always)."""
 
 
 class FixedLength:
-    """K tokens per round, cut when the draft's top probability is below ``p_min``."""
+    """K tokens per round, cut when the draft's top probability is below ``p_min``. It has no
+    cost model: its estimates are None, and catching up always pays."""
 
     def __init__(self, k: int, p_min: float = 0.0):
         self.k, self.p_min = k, p_min
@@ -86,6 +113,18 @@ class FixedLength:
         pass
 
     planned_rate = None
+
+    def pass_seconds(self, n_rows: int) -> None:
+        return None
+
+    def step_seconds(self) -> None:
+        return None
+
+    def expected_round(self, k: int) -> None:
+        return None
+
+    def saving(self, tokens_ahead: float, keep: float = 1.0) -> None:
+        return None
 
     def catch_up_pays(self, seconds: float, tokens_ahead: float) -> bool:
         return True
@@ -178,11 +217,11 @@ class AdaptiveLength:
         bonus = (self.z if z is None else z) * np.sqrt(pooled * (1 - pooled) / n)
         return np.minimum(MAX_ACCEPTANCE, self._pos.rates(pooled) + bonus)
 
-    def expected(self, k: int, rates: Optional[np.ndarray] = None) -> tuple[float, float]:
+    def expected_round(self, k: int, rates: Optional[np.ndarray] = None) -> tuple[float, float]:
         """(expected tokens, expected seconds) of a round that drafts k tokens, with these
         acceptance rates per position (default: :meth:`position_rates`)."""
         reach = np.cumprod((self.position_rates() if rates is None else rates)[:k])
-        return 1.0 + float(reach.sum()), k * self.costs.draft + self.costs.t(k + 1)
+        return 1.0 + float(reach.sum()), k * self.costs.draft + self.costs.pass_seconds(k + 1)
 
     def best(self) -> tuple[int, float]:
         """The K in [0, k_max] with the highest expected tokens per second, and that rate.
@@ -190,7 +229,7 @@ class AdaptiveLength:
         Drafting must beat plain decoding by ``margin`` (a break-even gamble on a draft as
         slow as the target only adds variance)."""
         ks = np.arange(0, self.k_max + 1)
-        seconds = ks * self.costs.draft + self.costs.t(ks + 1)
+        seconds = ks * self.costs.draft + self.costs.pass_seconds(ks + 1)
 
         def rates(z):
             reach = np.cumprod(self.position_rates(z))
@@ -247,7 +286,7 @@ class AdaptiveLength:
             # The value of time while drafting is the rate of the round actually planned: the
             # rate of the uncapped best K would make every continuation of a capped draft
             # look too dear, and the draft would stop at once, round after round.
-            tokens, seconds = self.expected(k, self._pos_rates)
+            tokens, seconds = self.expected_round(k, self._pos_rates)
             self._rate = tokens / seconds
         pooled = self._pos.pooled(self.prior)
         self._gate_active = bool(self._conf.rates(1.0, z=self.z).min() < 0.9 * pooled)
@@ -272,7 +311,8 @@ class AdaptiveLength:
         later = rates[i + 1:self._planned]
         reach_each = reach * np.concatenate(([1.0], np.cumprod(later)))[:ks.size]
         gain = np.cumsum(reach_each)
-        cost = (ks - i - 1) * self.costs.draft + self.costs.t(ks + 1) - self.costs.t(i + 1)
+        c = self.costs
+        cost = (ks - i - 1) * c.draft + c.pass_seconds(ks + 1) - c.pass_seconds(i + 1)
         if float(np.max(gain - self._rate * cost)) <= 0.0:
             return False
         self._reach = reach
@@ -284,37 +324,46 @@ class AdaptiveLength:
         self._pos.age(self.idle_decay)
         self._conf.age(self.idle_decay)
 
+    # -- what drafting is expected to cost and save ---------------------------------------
+
     @property
     def planned_rate(self) -> float:
-        return self._rate if self._planned else 1.0 / self.costs.t(1)
+        return self._rate if self._planned else 1.0 / self.costs.pass_seconds(1)
+
+    def pass_seconds(self, n_rows: int) -> float:
+        return self.costs.pass_seconds(n_rows)
+
+    def step_seconds(self) -> float:
+        return self.costs.draft
 
     def catch_up_pays(self, seconds: float, tokens_ahead: float) -> bool:
+        """At the rate of the K :meth:`best` chooses (a probe's, while probing)."""
         k, rate = self.best()
         if k == 0:
             return False
-        return tokens_ahead * (self.costs.t(1) - 1.0 / rate) > seconds
+        return tokens_ahead * (self.costs.pass_seconds(1) - 1.0 / rate) > seconds
 
     def saving(self, tokens_ahead: float, keep: float = 1.0) -> float:
-        """Seconds that drafting is expected to save over decoding the next ``tokens_ahead``
-        tokens plainly, were every position's acceptance ``keep`` times today's estimate (a
-        draft that reads only a window of the prompt); 0 when drafting would not pay."""
+        """See :meth:`LengthPolicy.saving`: at the best K's rate on today's estimates (no
+        probing), 0 unless it beats plain decoding by ``margin``."""
         if tokens_ahead <= 0:
             return 0.0
         ks = np.arange(0, self.k_max + 1)
-        seconds = ks * self.costs.draft + self.costs.t(ks + 1)
+        seconds = ks * self.costs.draft + self.costs.pass_seconds(ks + 1)
         reach = np.cumprod(keep * self.position_rates())
         rate = (1.0 + np.concatenate(([0.0], np.cumsum(reach)))) / seconds
         best = float(rate.max())
         if best < rate[0] * (1 + self.margin):
             return 0.0
-        return tokens_ahead * (self.costs.t(1) - 1.0 / best)
+        return tokens_ahead * (self.costs.pass_seconds(1) - 1.0 / best)
 
     def observe(self, k, n, confidences, draft_step_seconds, verify_seconds,
                 k_verified=None) -> None:
         if k_verified is not None and k_verified > k:
             # The pass also checked tokens this policy did not choose: charge it only for
             # the share its own drafts would have cost.
-            verify_seconds *= self.costs.t(k + 1) / self.costs.t(k_verified + 1)
+            share = self.costs.pass_seconds(k + 1) / self.costs.pass_seconds(k_verified + 1)
+            verify_seconds *= share
         self.costs.observe_target(k + 1, verify_seconds)
         decay = self.decay if k else self.idle_decay
         self._pos.age(decay)
