@@ -40,8 +40,10 @@ class DrafterKind(str, Enum):
 
 
 DRAFTERS = tuple(k.value for k in DrafterKind)
-# The acceptance rules for unseeded sampling (SpecConfig.verifier; edgespec/verify.py)
+# The acceptance rules for unseeded sampling (SpecConfig.verifier; edgespec/verify.py), and
+# the default one
 VERIFIERS = ("block", "token")
+VERIFIER = "block"
 
 N_CTX = 4096              # context window of each model, in tokens
 N_BATCH = 512             # most tokens per llama.cpp call
@@ -135,7 +137,8 @@ class SpecConfig:
     """How drafts are made and how long they are.
 
     ``drafter``: ``model`` (a draft model), ``ngram`` (prompt lookup), ``hybrid`` (an n-gram
-    match when there is a long one, else the model) or ``none`` (plain target decoding).
+    match when there is a long one, else the model) or ``none`` (plain target decoding); by
+    default :meth:`default_drafter`'s with a draft model (``Engine.load`` asks it too).
     Draft length: with ``draft_max=None`` and ``adaptive=True`` (the default) a cost model picks
     each round's K in [0, ``k_max``]; ``draft_max=K`` pins K, and ``adaptive=False`` pins it to
     ``FIXED_DEFAULT``. With a pinned K, ``p_min`` stops a draft early when the draft model's top
@@ -148,12 +151,12 @@ class SpecConfig:
     FIXED_DEFAULT = 16        # K when adaptive=False and draft_max is not given
     K_LIMIT = 256             # the longest draft one may ask for
 
-    drafter: DrafterKind = DrafterKind.MODEL
+    drafter: DrafterKind = field(default_factory=lambda: SpecConfig.default_drafter(True))
     draft_max: int | None = None
     adaptive: bool = True
     p_min: float = 0.0
     k_max: int = 32           # the longest draft the cost model may choose
-    verifier: str = "block"   # the acceptance rule for unseeded sampling: "block" or "token"
+    verifier: str = VERIFIER  # the acceptance rule for unseeded sampling: "block" or "token"
 
     def __post_init__(self) -> None:
         if self.drafter not in DRAFTERS:
@@ -169,8 +172,9 @@ class SpecConfig:
 
     @staticmethod
     def default_drafter(has_draft_model: bool) -> DrafterKind:
-        """``hybrid`` with a draft model (n-gram matches from the context are free drafts, the
-        model drafts the rest: the fastest on every pair measured), else ``none``."""
+        """The drafter when none is named (here, and by ``Engine.load``): ``hybrid`` with a
+        draft model (n-gram matches from the context are free drafts, the model drafts the
+        rest: the fastest on every pair measured), else ``none``."""
         return DrafterKind.HYBRID if has_draft_model else DrafterKind.NONE
 
     @property

@@ -31,7 +31,8 @@ from .backend import (GrammarVocab, VocabMap, backend_info, check_pair, open_pai
 from .chat_template import ChatTemplate, validate_messages
 from .config import ModelConfig, SamplingParams, SpecConfig, default_threads
 from .constraints import Constraint, GrammarState, tokenizer_for
-from .drafting import HEAD_MIN_VOCAB, Drafter, EngineDrafting, ReducedHead, Translation
+from .drafting import HEAD_MIN_VOCAB, ReducedHead
+from .drafting.engine_drafting import EngineDrafting
 from .errors import ContextOverflowError, EngineClosedError, InvalidParameterError
 from .generation import not_started, run_generation
 from .lm import LoadedModel
@@ -70,15 +71,9 @@ class Engine:
         self.template = ChatTemplate(target.info.chat_template,
                                      bos_token=special(target.vocab.bos),
                                      eos_token=special(target.vocab.eos))
-        # A draft with a large vocabulary, run on the CPU, skips llama.cpp's output layer and
-        # applies a reduced one (drafting/reduced_head.py).
-        if draft_head is None and draft is not None and draft.can_tap \
-                and draft.n_vocab >= HEAD_MIN_VOCAB and spec.uses_draft_model:
-            draft_head = ReducedHead(draft, shared=vocab_map.keep if vocab_map else None)
-        self.draft_head = draft_head
-        self._drafting = EngineDrafting(spec, target, draft, draft_head,
-                                        cross=self._cross(target, draft, vocab_map),
+        self._drafting = EngineDrafting(spec, target, draft, draft_head, vocab_map=vocab_map,
                                         recalibrate=recalibrate, progress=progress)
+        self.draft_head = self._drafting.head       # (a reduced output layer, or None)
         # Threads that follow the machine's load (edgespec/threads.py), one governor a model;
         # none when the caller pinned a count.
         self._governors = (govern(target, draft, self._drafting.costs) if adaptive_threads
@@ -102,8 +97,8 @@ class Engine:
              n_batch: int = config.N_BATCH, n_threads: Optional[int] = None,
              n_gpu_layers: int = -1, draft_n_gpu_layers: int = -1,
              drafter: Optional[str] = None, draft_max: Optional[int] = None,
-             adaptive: bool = True, p_min: float = 0.0, verbose: bool = False,
-             recalibrate: bool = False, rpc=None, draft_rpc=None,
+             adaptive: bool = True, p_min: float = 0.0, verifier: str = config.VERIFIER,
+             verbose: bool = False, recalibrate: bool = False, rpc=None, draft_rpc=None,
              cpu_extra_buffers: str = "auto", cache_ram: int = config.CACHE_RAM_MIB,
              progress: Callable[[str], None] = lambda s: None) -> "Engine":
         """Load a target GGUF and optionally a draft GGUF (or a registry ``pair`` name).
@@ -113,8 +108,10 @@ class Engine:
         (prompt lookup, no draft model needed) or ``"none"`` (plain decoding).
         ``draft_max=None`` lets a cost model choose each round's draft length
         (``adaptive=False`` pins it to 16; ``draft_max=K`` pins it to K; ``p_min`` then cuts
-        drafts whose top probability is below it). The cost model's calibration is measured
-        once per model file and setting and kept; ``recalibrate=True`` measures it again;
+        drafts whose top probability is below it). ``verifier``: how unseeded sampling accepts
+        drafts, ``"block"`` (block verification, the default) or ``"token"`` (token-wise
+        rejection sampling); both are lossless. The cost model's calibration is measured once
+        per model file and setting and kept; ``recalibrate=True`` measures it again;
         ``progress`` is told what loading is doing (a line at a time). Raises
         :class:`~edgespec.errors.ModelLoadError` for files that cannot be loaded and
         :class:`~edgespec.errors.IncompatiblePairError` when the draft's tokenizer differs.
@@ -134,7 +131,8 @@ class Engine:
             raise InvalidParameterError("target", None, "a path to a GGUF file (or pair=NAME)")
         if drafter is None:
             drafter = SpecConfig.default_drafter(draft is not None)
-        spec = SpecConfig(drafter=drafter, draft_max=draft_max, adaptive=adaptive, p_min=p_min)
+        spec = SpecConfig(drafter=drafter, draft_max=draft_max, adaptive=adaptive, p_min=p_min,
+                          verifier=verifier)
         if spec.uses_draft_model and draft is None:
             raise InvalidParameterError("drafter", drafter, "'ngram' or 'none' when no draft "
                                         "model is given (or pass draft=PATH)")
@@ -159,22 +157,6 @@ class Engine:
             raise
 
     @staticmethod
-    def _cross(target: LoadedModel, draft: Optional[LoadedModel],
-               vmap: Optional[VocabMap]) -> Optional[tuple]:
-        """What a drafter of another vocabulary needs (drafting/cross_vocab.py): the context
-        in the draft's tokens, and the draft's ids to the target's."""
-        if vmap is None or draft is None:
-            return None
-        t_vocab, d_info = target.vocabulary, draft.vocab
-
-        def tokenize(raw: bytes) -> list[int]:
-            return draft.tokenize(raw, add_special=False, parse_special=False) if raw else []
-        bos = (target.vocab.bos, [d_info.bos] if d_info.add_bos and d_info.bos >= 0 else [])
-        translation = Translation(vmap.to_draft, lambda t: t_vocab.piece(t, special=True),
-                                  tokenize, bos)
-        return translation, vmap.to_target
-
-    @staticmethod
     def _check_cache_ram(cache_ram) -> None:
         if not isinstance(cache_ram, int) or isinstance(cache_ram, bool) or cache_ram < 0:
             raise InvalidParameterError("cache_ram", cache_ram, "an integer >= 0 (MiB; 0 "
@@ -184,9 +166,6 @@ class Engine:
     def spec(self) -> SpecConfig:
         """The drafting settings in force."""
         return self._drafting.spec
-
-    def _drafter(self, sampling: SamplingParams) -> Optional[Drafter]:
-        return self._drafting.for_sampling(sampling)
 
     def set_draft_max(self, draft_max: Optional[int]) -> None:
         """Pin the draft length to ``draft_max`` tokens per round, or let the cost model choose
@@ -365,12 +344,7 @@ class Engine:
 
     def _speculation(self, sampling: SamplingParams) -> Optional[Speculation]:
         """How a generation with ``sampling`` drafts on this Engine; None: it cannot."""
-        if not self.can_speculate:
-            return None
-        return Speculation(drafter=lambda: self._drafter(sampling), draft=self.draft,
-                           head=self.draft_head, plain_cost=self._drafting.plain_pass_seconds,
-                           verifier=self.spec.verifier,
-                           draft_tokens=self._drafting.draft_tokens)
+        return self._drafting.speculation(sampling)
 
     def _grammar(self, constraint: Optional[Constraint]) -> Optional[GrammarState]:
         """A constraint's state over the target's vocabulary, for one generation (the grammar

@@ -10,7 +10,8 @@ import json
 import pytest
 
 from edgespec import Engine, SamplingParams
-from edgespec.drafting import EngineDrafting, costs as costs_module
+from edgespec.drafting import costs as costs_module
+from edgespec.drafting.engine_drafting import EngineDrafting
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPTS = ["Give three tips for learning a new language.",

@@ -241,6 +241,35 @@ def test_spec_config_names_its_verifier():
         SpecConfig(verifier="tokens")
 
 
+def test_spec_config_and_engine_load_share_one_default_drafter():
+    assert SpecConfig().drafter == SpecConfig.default_drafter(True) == "hybrid"
+    assert SpecConfig.default_drafter(False) == "none"
+
+
+def test_engine_load_checks_the_verifier_before_opening_anything():
+    from edgespec import Engine
+    with pytest.raises(InvalidParameterError, match="verifier='tokens' is invalid"):
+        Engine.load("never-opened.gguf", verifier="tokens")
+
+
+def test_engine_load_verifier_token_reaches_the_loop(smollm2_q4_path, monkeypatch):
+    """``Engine.load(verifier="token")``: the Engine's settings say so, and its sampled rounds
+    are accepted token-wise; block verification never runs."""
+    from edgespec import Engine, SamplingParams, speculative
+    token_wise = []
+    real = speculative.speculative_sampling
+    monkeypatch.setattr(speculative, "speculative_sampling",
+                        lambda *a: token_wise.append(len(a[0])) or real(*a))
+    monkeypatch.setattr(speculative, "verify_block",
+                        lambda *a: pytest.fail("block verification ran"))
+    with Engine.load(smollm2_q4_path, drafter="ngram", draft_max=4, verifier="token",
+                     n_ctx=256, n_threads=2) as eng:
+        assert eng.spec.verifier == "token"
+        out = eng.generate("1 2 3 1 2 3 1 2 3 1 2 3", raw=True, max_tokens=16,
+                           sampling=SamplingParams(temperature=0.8))
+    assert out.tokens and token_wise and any(token_wise)    # rounds with drafts among them
+
+
 def test_decode_refuses_an_unknown_verifier():
     from edgespec.config import SamplingParams
     from edgespec.speculative import decode

@@ -4,16 +4,19 @@
 - :mod:`.policy` — draft-length policies: :class:`FixedLength`, :class:`AdaptiveLength`
 - :mod:`.costs` — what drafting and verifying cost: :class:`Costs`, calibration, its cache
 - :mod:`.model`, :mod:`.ngram`, :mod:`.hybrid` — the three drafters
+- :mod:`.reading` — what the draft model's cache reads, and whether catching it up pays
 - :mod:`.reduced_head` — the draft model's output layer over a subset of the vocabulary
-- :mod:`.engine_drafting` — :func:`make_drafter`, and :class:`EngineDrafting`: an Engine's
-  drafters (one per kind of sampling) and the costs they share (calibration, re-measuring)
+- :mod:`.engine_drafting` — :func:`~.engine_drafting.make_drafter`, and
+  :class:`~.engine_drafting.EngineDrafting`: an Engine's drafters (one per kind of sampling)
+  and the costs they share (calibration, re-measuring), and each generation's Speculation
+  (imported by the Engine directly, not from here: it builds on :mod:`edgespec.request`,
+  which the loop's results lead back to this package)
 """
 
 from __future__ import annotations
 
 from .base import Draft, Drafter
 from .costs import CostCache, Costs, calibrate, calibrate_cached
-from .engine_drafting import EngineDrafting, make_drafter
 from .hybrid import HybridDrafter
 from .model import ModelDrafter
 from .ngram import NgramDrafter
@@ -23,5 +26,4 @@ from .cross_vocab import Translation
 
 __all__ = ["Draft", "Drafter", "CostCache", "Costs", "calibrate", "calibrate_cached",
            "HybridDrafter", "ModelDrafter", "NgramDrafter", "AdaptiveLength", "FixedLength",
-           "LengthPolicy", "HEAD_MIN_VOCAB", "ReducedHead", "make_drafter", "EngineDrafting",
-           "Translation"]
+           "LengthPolicy", "HEAD_MIN_VOCAB", "ReducedHead", "Translation"]

@@ -1,16 +1,24 @@
 """An Engine's drafting: :func:`make_drafter` builds the drafter a :class:`SpecConfig`
 names, and :class:`EngineDrafting` keeps one per kind of sampling over the costs they share,
-measured once per model file (calibration, its cache, re-measuring a busy one)."""
+measured once per model file (calibration, its cache, re-measuring a busy one), with what the
+draft model needs beside them (its reduced output layer, the translation of a draft of another
+vocabulary); each generation gets its :class:`~edgespec.request.Speculation` from it.
+
+The Engine imports this module itself: the package (:mod:`edgespec.drafting`), which the loop
+imports, leaves it out, since a Speculation belongs to the request the loop carries out."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
+
+import numpy as np
 
 from ..config import DrafterKind, SamplingParams, SpecConfig
 from ..errors import InvalidParameterError
-from ..lm import LanguageModel
+from ..lm import LanguageModel, LoadedModel
+from ..request import Speculation
 from ..threads import governors_suspended
 from .base import Drafter
 from .cross_vocab import Translation
@@ -19,7 +27,10 @@ from .hybrid import HybridDrafter
 from .model import ModelDrafter
 from .ngram import NgramDrafter
 from .policy import AdaptiveLength, FixedLength, LengthPolicy
-from .reduced_head import ReducedHead
+from .reduced_head import HEAD_MIN_VOCAB, ReducedHead
+
+if TYPE_CHECKING:
+    from ..backend import VocabMap
 
 
 def make_drafter(spec: SpecConfig, *, costs: Optional[Costs], k_max: int,
@@ -48,6 +59,23 @@ def make_drafter(spec: SpecConfig, *, costs: Optional[Costs], k_max: int,
     return None
 
 
+def translation_for(target: LoadedModel, draft: Optional[LoadedModel],
+                    vmap: Optional["VocabMap"]) -> Optional[tuple[Translation, np.ndarray]]:
+    """What a drafter of another vocabulary needs (:mod:`.cross_vocab`): the context in the
+    draft's tokens, and the draft's ids to the target's; None for a draft that shares the
+    target's tokenizer (``vmap`` None)."""
+    if vmap is None or draft is None:
+        return None
+    t_vocab, d_info = target.vocabulary, draft.vocab
+
+    def tokenize(raw: bytes) -> list[int]:
+        return draft.tokenize(raw, add_special=False, parse_special=False) if raw else []
+    bos = (target.vocab.bos, [d_info.bos] if d_info.add_bos and d_info.bos >= 0 else [])
+    translation = Translation(vmap.to_draft, lambda t: t_vocab.piece(t, special=True),
+                              tokenize, bos)
+    return translation, vmap.to_target
+
+
 class EngineDrafting:
     """An Engine's drafters, one per kind of sampling, built on first use. Acceptance differs
     between greedy, sampled and seeded decoding (seeded drafts are accepted when they match
@@ -62,13 +90,19 @@ class EngineDrafting:
     REMEASURE_AFTER = 15.0
     REMEASURE_BUDGET = 3.0
 
-    def __init__(self, spec: SpecConfig, target, draft, head: Optional[ReducedHead] = None, *,
-                 cross: Optional[tuple[Translation, object]] = None,
+    def __init__(self, spec: SpecConfig, target: LoadedModel, draft: Optional[LoadedModel],
+                 head: Optional[ReducedHead] = None, *, vocab_map: Optional["VocabMap"] = None,
                  recalibrate: bool = False, progress: Callable[[str], None] = lambda s: None):
+        # A draft with a large vocabulary, run on the CPU, skips llama.cpp's output layer and
+        # applies a reduced one (reduced_head.py); ``head``: one shared with another Engine.
+        if head is None and draft is not None and draft.can_tap \
+                and draft.n_vocab >= HEAD_MIN_VOCAB and spec.uses_draft_model:
+            head = ReducedHead(draft, shared=vocab_map.keep if vocab_map else None)
         self.spec, self.target, self.draft, self.head = spec, target, draft, head
-        # A draft of another vocabulary: (the context in its tokens, its ids to the target's);
-        # one translation serves every drafter and the prompt pass.
-        self.cross = cross
+        # A draft of another vocabulary (``vocab_map``: the map between the two): the context
+        # in its tokens and its ids to the target's; one translation serves every drafter and
+        # the prompt pass.
+        self.cross = translation_for(target, draft, vocab_map)
         self.costs: Optional[Costs] = None
         self._by_kind: dict = {}
         self._recalibrate, self._progress = recalibrate, progress
@@ -145,6 +179,14 @@ class EngineDrafting:
                 draft_model=self.draft, eog=self.target.vocab.eog, head=self.head,
                 cross=self.cross)
         return self._by_kind[kind]
+
+    def speculation(self, sampling: SamplingParams) -> Optional[Speculation]:
+        """How a generation with ``sampling`` drafts; None: nothing drafts."""
+        if not self.spec.drafts:
+            return None
+        return Speculation(drafter=lambda: self.for_sampling(sampling), draft=self.draft,
+                           head=self.head, plain_cost=self.plain_pass_seconds,
+                           verifier=self.spec.verifier, draft_tokens=self.draft_tokens)
 
     def draft_tokens(self, context: list[int]) -> list[int]:
         """``context`` (target tokens) as the draft model's cache holds it."""
