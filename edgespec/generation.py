@@ -119,7 +119,7 @@ class _Run:
         always evaluated: its logits row gives the first token). The draft's keeps what it
         shares with the prompt (or what the prompt cache brings back) and no more: the drafter
         catches up between target steps when that pays
-        (:meth:`edgespec.drafting.ModelDrafter.catch_up`), so the first token never waits for
+        (:meth:`edgespec.drafting.reading.Reading.catch_up`), so the first token never waits for
         the draft. The drafter is asked for first: building one may calibrate."""
         spec = self.req.speculation
         self.drafter = spec.drafter() if spec else None
