@@ -37,7 +37,7 @@ from .errors import ContextOverflowError, EngineClosedError, InvalidParameterErr
 from .generation import not_started, run_generation
 from .lm import LoadedModel
 from .prompt_cache import PromptCache
-from .request import GenerationRequest, Prompt, Request, Speculation, check_limits
+from .request import GenerationRequest, Prompt, Request, check_limits
 from .results import Generation
 from .streams import AsyncStream, Job, Stream, Turnstile
 from .threads import govern
@@ -187,12 +187,7 @@ class Engine:
             self._check_open()
             return {"target": self.target.describe(),
                     "draft": self.draft.describe() if self.draft else None,
-                    "draft_vocabulary": (None if self.draft is None else "shared"
-                                         if self.vocab_map is None else
-                                         f"mapped: {self.vocab_map.share} of its tokens "
-                                         f"are the target's"),
-                    "drafter": self.spec.drafter, "draft_max": self.spec.draft_max,
-                    "adaptive": self.spec.is_adaptive, "p_min": self.spec.p_min,
+                    **self._drafting.describe(),
                     "backend": placement(backend_info()["backend"], self.target, self.draft),
                     "chat_template": "fallback (ChatML)" if self.template.is_fallback else "model"}
 
@@ -337,14 +332,11 @@ class Engine:
         run = Request(tokens, req.max_tokens, sampling, stop=stop,
                       grammar=self._grammar(constraint), logprobs=req.logprobs,
                       finish=plan.finish if plan is not None else None,
-                      speculation=self._speculation(sampling) if req.speculative else None)
+                      speculation=(self._drafting.speculation(sampling) if req.speculative
+                                   else None))
         job = Job(self._turnstile, not_started(run))
         return Stream(job, run_generation(job, self._turnstile, self.target, run,
                                           self.prompt_cache))
-
-    def _speculation(self, sampling: SamplingParams) -> Optional[Speculation]:
-        """How a generation with ``sampling`` drafts on this Engine; None: it cannot."""
-        return self._drafting.speculation(sampling)
 
     def _grammar(self, constraint: Optional[Constraint]) -> Optional[GrammarState]:
         """A constraint's state over the target's vocabulary, for one generation (the grammar

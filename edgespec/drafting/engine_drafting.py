@@ -99,6 +99,7 @@ class EngineDrafting:
                 and draft.n_vocab >= HEAD_MIN_VOCAB and spec.uses_draft_model:
             head = ReducedHead(draft, shared=vocab_map.keep if vocab_map else None)
         self.spec, self.target, self.draft, self.head = spec, target, draft, head
+        self._vocab_share = vocab_map.share if vocab_map is not None else None
         # A draft of another vocabulary (``vocab_map``: the map between the two): the context
         # in its tokens and its ids to the target's; one translation serves every drafter and
         # the prompt pass.
@@ -157,6 +158,14 @@ class EngineDrafting:
                 and self.costs.observed >= self.SAVE_AFTER:
             CostCache(self.target, self._measured_draft(), self.head).save(self.costs,
                                                                            "refined")
+
+    def describe(self) -> dict:
+        """The draft's vocabulary and the drafting settings, for ``Engine.info``."""
+        spec = self.spec
+        vocabulary = (None if self.draft is None else "shared" if self._vocab_share is None
+                      else f"mapped: {self._vocab_share} of its tokens are the target's")
+        return {"draft_vocabulary": vocabulary, "drafter": spec.drafter,
+                "draft_max": spec.draft_max, "adaptive": spec.is_adaptive, "p_min": spec.p_min}
 
     def plain_pass_seconds(self) -> Optional[float]:
         """The cost model's seconds for a one-token target pass, as decoding refined it
