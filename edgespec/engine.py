@@ -6,14 +6,16 @@ tokenizer, and measures what each costs. ``stream`` checks its arguments, turns 
 ``generate`` collects a stream. Both caches are kept between calls: a prompt that extends the
 previous one (the next chat turn) evaluates only its new tokens.
 
-Threads: one llama.cpp context is not thread-safe, so the generations of one Engine take
-turns (first come, first served; see :mod:`edgespec.streams`), whichever threads call it. Each
-generation has its own cancel flag: ``Stream.cancel()`` stops that one, ``Engine.cancel()``
-the one running now; either takes effect within one decoding step and leaves the caches
-holding exactly what was generated. ``close()`` stops the running and queued generations,
-waits for the step in progress and frees both models; engines still open at interpreter exit
-are closed the same way (an ``atexit`` hook), so a generation running in a daemon thread
-cannot outlive the models it uses.
+Threads: an Engine loaded with ``parallel=N`` runs up to N generations at once, each in a
+lane of its own (a sequence of each model's context, :mod:`edgespec.lanes`), their passes
+batched into one ``llama_decode`` per round (:mod:`edgespec.rounds`) and their draft lengths
+planned together; more wait in arrival order (:mod:`edgespec.streams`), whichever threads
+call it. Each generation has its own cancel flag: ``Stream.cancel()`` stops that one,
+``Engine.cancel()`` the ones running now; either takes effect within one decoding step and
+leaves the caches holding exactly what was generated. ``close()`` stops the running and
+queued generations, waits for their steps in progress and frees both models; engines still
+open at interpreter exit are closed the same way (an ``atexit`` hook), so a generation
+running in a daemon thread cannot outlive the models it uses.
 """
 
 from __future__ import annotations
@@ -26,22 +28,22 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from . import config
-from .backend import (GrammarVocab, VocabMap, backend_info, check_pair, open_pair, placement,
+from .backend import (VocabMap, backend_info, check_pair, open_pair, placement,
                       release_free_heap, rpc_endpoints)
-from .chat_template import ChatTemplate, validate_messages
 from .config import ModelConfig, SamplingParams, SpecConfig, default_threads
-from .constraints import Constraint, GrammarState, tokenizer_for
+from .constraints import Constraint
 from .drafting import HEAD_MIN_VOCAB, ReducedHead
 from .drafting.engine_drafting import EngineDrafting
-from .errors import ContextOverflowError, EngineClosedError, InvalidParameterError
+from .errors import EngineClosedError, InvalidParameterError
 from .generation import not_started, run_generation
+from .lanes import Lanes
 from .lm import LoadedModel
 from .prompt_cache import PromptCache
-from .request import GenerationRequest, Prompt, Request, check_limits
+from .prompting import Prompter
+from .request import GenerationRequest, Prompt
 from .results import Generation
-from .streams import AsyncStream, Job, Stream, Turnstile
-from .threads import govern
-from .tools import plan_request
+from .streams import AsyncStream, Job, Stream
+from .threads import EngineThreads
 
 log = logging.getLogger(__name__)
 
@@ -56,36 +58,37 @@ class Engine:
     def __init__(self, target: LoadedModel, draft: Optional[LoadedModel], spec: SpecConfig, *,
                  draft_head: Optional[ReducedHead] = None, adaptive_threads: bool = False,
                  recalibrate: bool = False, cache_ram: int = config.CACHE_RAM_MIB,
-                 vocab_map: Union[VocabMap, None, str] = "check",
+                 vocab_map: Union[VocabMap, None, str] = "check", parallel: int = 1,
                  progress: Callable[[str], None] = lambda s: None):
         self.target = target
         self.draft = draft
+        if len(target.sequences) < parallel or (draft is not None
+                                                and len(draft.sequences) < parallel):
+            raise InvalidParameterError("parallel", parallel, "at most the sequences the models "
+                                        "were loaded with (ModelConfig.n_seq)")
         # A draft of another vocabulary drafts through a map between the two ("check": the
         # pair was not checked yet; None: the draft shares the target's tokenizer).
         if isinstance(vocab_map, str):
             vocab_map = check_pair(target, draft) if draft is not None else None
         self.vocab_map: Optional[VocabMap] = vocab_map
-
-        def special(t: int) -> str:
-            return target.token_text(t).decode("utf-8", "replace") if t >= 0 else ""
-        self.template = ChatTemplate(target.info.chat_template,
-                                     bos_token=special(target.vocab.bos),
-                                     eos_token=special(target.vocab.eos))
+        # Held while the models are used outside a generation (tokenizing, info) and by
+        # close() while it frees them.
+        self._life = threading.Lock()
+        self._prompter = Prompter(target, self._life)
+        self.template = self._prompter.template
         self._drafting = EngineDrafting(spec, target, draft, draft_head, vocab_map=vocab_map,
-                                        recalibrate=recalibrate, progress=progress)
+                                        recalibrate=recalibrate, progress=progress,
+                                        parallel=parallel)
         self.draft_head = self._drafting.head       # (a reduced output layer, or None)
         # Threads that follow the machine's load (edgespec/threads.py), one governor a model;
         # none when the caller pinned a count.
-        self._governors = (govern(target, draft, self._drafting.costs) if adaptive_threads
-                           else {})
-        self._parked = self._governors      # kept while pinned: they resume what they knew
-        self._turnstile = Turnstile()
+        self._threads = EngineThreads(target, draft, self._drafting.costs, adaptive_threads)
+        self.parallel = parallel
+        self._lanes = Lanes(target, draft if spec.uses_draft_model else None, self.draft_head,
+                            parallel, plan=self._drafting.plan_round)
         self._check_cache_ram(cache_ram)
-        # The states of other conversations than the live one, in host memory
+        # The states of other conversations than the live ones, in host memory
         self.prompt_cache = PromptCache(cache_ram * 2**20)
-        # Held while the models are used outside a turn (tokenizing, info) and by close()
-        # while it frees them.
-        self._life = threading.Lock()
         self._closed = False
         _open_engines.add(self)
 
@@ -100,7 +103,7 @@ class Engine:
              adaptive: bool = True, p_min: float = 0.0, verifier: str = config.VERIFIER,
              verbose: bool = False, recalibrate: bool = False, rpc=None, draft_rpc=None,
              cpu_extra_buffers: str = "auto", cache_ram: int = config.CACHE_RAM_MIB,
-             progress: Callable[[str], None] = lambda s: None) -> "Engine":
+             parallel: int = 1, progress: Callable[[str], None] = lambda s: None) -> "Engine":
         """Load a target GGUF and optionally a draft GGUF (or a registry ``pair`` name).
 
         ``drafter`` is ``"hybrid"`` (the default when a draft is given: n-gram matches from
@@ -121,6 +124,8 @@ class Engine:
         ``cpu_extra_buffers``: ``"auto"`` lets llama.cpp's extra CPU kernels (AMX, repacked
         weights) run only where a child process showed that they do not crash this CPU
         (checked once per CPU and llama.cpp build); ``"on"``/``"off"`` decide without a check.
+        ``parallel``: how many generations run at once (each with ``n_ctx`` tokens of KV cache
+        of its own in each model, batched together); more wait for a free lane.
         """
         if pair is not None:
             if target is not None or draft is not None:
@@ -137,8 +142,13 @@ class Engine:
             raise InvalidParameterError("drafter", drafter, "'ngram' or 'none' when no draft "
                                         "model is given (or pass draft=PATH)")
         rpc, draft_rpc = rpc_endpoints(rpc, draft_rpc)
+        if not isinstance(parallel, int) or isinstance(parallel, bool) or not 1 <= parallel <= 64:
+            raise InvalidParameterError("parallel", parallel, "an integer in [1, 64]")
+        if parallel > 1 and (rpc or draft_rpc):
+            raise InvalidParameterError("parallel", parallel, "1 with RPC workers (a model on "
+                                        "workers serves one generation at a time)")
         common = dict(n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads or default_threads(),
-                      verbose=verbose, cpu_extra_buffers=cpu_extra_buffers)
+                      verbose=verbose, cpu_extra_buffers=cpu_extra_buffers, n_seq=parallel)
         t_cfg = ModelConfig(target, n_gpu_layers=n_gpu_layers, rpc=rpc, **common,
                             n_outputs_max=max(config.N_OUTPUTS_MIN, spec.most_drafts + 1))
         d_cfg = (ModelConfig(draft, n_gpu_layers=draft_n_gpu_layers, rpc=draft_rpc,
@@ -149,7 +159,7 @@ class Engine:
         try:
             return cls(t_model, d_model, spec, adaptive_threads=n_threads is None,
                        recalibrate=recalibrate, cache_ram=cache_ram, vocab_map=vmap,
-                       progress=progress)
+                       parallel=parallel, progress=progress)
         except BaseException:
             for m in (d_model, t_model):
                 if m is not None:
@@ -194,24 +204,14 @@ class Engine:
     def set_threads(self, n_threads: Optional[int]) -> None:
         """Pin both models to ``n_threads`` CPU threads, or (``None``) let each follow the
         machine's load again, up to the count it was loaded with. From the next step on."""
-        limit = self.target.config.n_threads
-        if n_threads is not None and (not isinstance(n_threads, int) or isinstance(
-                n_threads, bool) or not 1 <= n_threads <= limit):
-            raise InvalidParameterError("n_threads", n_threads,
-                                        f"None or an integer in [1, {limit}] for this Engine")
         with self._life:
-            self._governors = govern(self.target, self.draft, self._drafting.costs,
-                                     pin=n_threads, governors=self._parked)
-            self._parked = self._governors or self._parked
+            self._threads.pin(n_threads)
 
     @property
     def threads(self) -> dict:
         """CPU threads each model runs with now, the most it may use, whether they follow the
         machine's load, and whether they backed off because the machine was busy."""
-        return {"target": self.target.n_threads,
-                "draft": self.draft.n_threads if self.draft is not None else None,
-                "max": self.target.config.n_threads, "adaptive": bool(self._governors),
-                "backed_off": any(g.backed_off for g in self._governors.values())}
+        return self._threads.describe()
 
     @property
     def can_speculate(self) -> bool:
@@ -224,42 +224,38 @@ class Engine:
 
     @property
     def busy(self) -> bool:
-        """Whether a generation holds the caches now."""
-        return self._turnstile.owner is not None
+        """Whether a generation holds a lane now."""
+        return bool(self._lanes.owners)
+
+    @property
+    def running(self) -> int:
+        """How many generations hold a lane now."""
+        return len(self._lanes.owners)
 
     @property
     def waiting(self) -> int:
-        """How many generations are queued behind the running one."""
-        return self._turnstile.waiting
+        """How many generations are queued for a lane."""
+        return self._lanes.waiting
+
+    @property
+    def deferred(self) -> int:
+        """How many generations had to wait for a lane since the Engine was loaded."""
+        return self._lanes.deferred
 
     @property
     def closed(self) -> bool:
         return self._closed
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        with self._life:
-            self._check_open()
-            return self.target.tokenize(text, add_special=add_special, parse_special=True)
+        self._check_open()
+        return self._prompter.tokenize(text, add_special)
 
     def prompt_tokens(self, prompt: Prompt, raw: bool = False,
                       tools: Optional[list[dict]] = None, _validated: bool = False) -> list[int]:
         """The exact tokens both models will see for ``prompt`` (``tools``: declared to a
         template that reads them)."""
-        if isinstance(prompt, str) and raw:
-            text = prompt
-        else:
-            messages = ([{"role": "user", "content": prompt}] if isinstance(prompt, str)
-                        else prompt if _validated else validate_messages(prompt))
-            with self._life:   # one render at a time: the sandbox's deadline is shared state
-                text = self.template.render(messages, add_generation_prompt=True, tools=tools,
-                                            validate=False)
-        tokens = self.tokenize(text)
-        bos = self.target.vocab.bos
-        if len(tokens) >= 2 and tokens[0] == tokens[1] == bos:
-            tokens = tokens[1:]  # the template wrote BOS itself; do not double it
-        if not tokens:
-            raise InvalidParameterError("prompt", prompt, "a non-empty text")
-        return tokens
+        self._check_open()
+        return self._prompter.tokens(prompt, raw, tools, _validated)
 
     # -- generation -----------------------------------------------------------------------
 
@@ -311,45 +307,12 @@ class Engine:
     def submit(self, req: GenerationRequest) -> Stream:
         """:meth:`stream` for a request built beforehand (a server's parsed body): the same
         checks, errors and stream."""
-        stop = check_limits(req.max_tokens, req.stop, req.logprobs)
-        sampling = req.sampling if req.sampling is not None else SamplingParams()
-        constraint = req.constraint
         self._check_open()
-        plan = plan_request(req.prompt, req.tools, req.tool_choice,
-                            parallel=req.parallel_tool_calls,
-                            native_template=self.template.writes_tool_call_tags)
-        if plan is not None:
-            if constraint is not None and plan.constraint is not None:
-                raise InvalidParameterError("constraint", "a Constraint", "None when tools "
-                                            "may be called (tool_choice='none' allows one)")
-            constraint = plan.constraint or constraint
-            tokens = self.prompt_tokens(plan.messages, tools=plan.template_tools,
-                                        _validated=True)
-        else:
-            tokens = self.prompt_tokens(req.prompt, raw=req.raw)
-        if len(tokens) >= self.n_ctx:
-            raise ContextOverflowError(len(tokens), self.n_ctx)
-        run = Request(tokens, req.max_tokens, sampling, stop=stop,
-                      grammar=self._grammar(constraint), logprobs=req.logprobs,
-                      finish=plan.finish if plan is not None else None,
-                      speculation=(self._drafting.speculation(sampling) if req.speculative
-                                   else None))
-        job = Job(self._turnstile, not_started(run))
-        return Stream(job, run_generation(job, self._turnstile, self.target, run,
-                                          self.prompt_cache))
-
-    def _grammar(self, constraint: Optional[Constraint]) -> Optional[GrammarState]:
-        """A constraint's state over the target's vocabulary, for one generation (the grammar
-        engine's tokenizer is built on first use of a model file, then kept)."""
-        if constraint is None:
-            return None
-        if not isinstance(constraint, Constraint):
-            raise InvalidParameterError("constraint", type(constraint).__name__,
-                                        "a Constraint: Constraint.json_schema(schema), "
-                                        ".json(), .regex(pattern) or .grammar(text)")
-        path = self.target.path
-        tokenizer = tokenizer_for(path, lambda: GrammarVocab(path))
-        return GrammarState(constraint, tokenizer, self.target.n_vocab)
+        sampling = req.sampling if req.sampling is not None else SamplingParams()
+        run = self._prompter.request(req, sampling, self.n_ctx, speculation=(
+            self._drafting.speculation(sampling) if req.speculative else None))
+        job = Job(self._lanes, not_started(run))
+        return Stream(job, run_generation(job, self._lanes, run, self.prompt_cache))
 
     def astream(self, prompt: Prompt, **kwargs) -> AsyncStream:
         """:meth:`stream` for asyncio: ``async for event in engine.astream(...)``.
@@ -372,13 +335,12 @@ class Engine:
         return s.result
 
     def cancel(self) -> None:
-        """Stop the generation running now (not the queued ones), within one decoding step.
+        """Stop the generations running now (not the queued ones), within one decoding step.
 
-        Thread-safe and never blocks; the stopped generation ends with ``finish_reason
+        Thread-safe and never blocks; the stopped generations end with ``finish_reason
         "cancelled"``. A no-op when nothing is running.
         """
-        job = self._turnstile.owner
-        if job is not None:
+        for job in self._lanes.running:
             job.cancel()
 
     # -- lifetime -------------------------------------------------------------------------
@@ -390,8 +352,8 @@ class Engine:
     def close(self) -> None:
         """Stop every generation and free both models. Any thread; a second call is a no-op.
 
-        Queued generations end ``"cancelled"`` without running; the running one is cancelled
-        and this waits for its step in progress (at most one decoding step), so no thread is
+        Queued generations end ``"cancelled"`` without running; the running ones are cancelled
+        and this waits for their steps in progress (at most one decoding step), so no thread is
         inside llama.cpp when the models are freed. Afterwards every call that needs the
         models raises :class:`~edgespec.errors.EngineClosedError`.
         """
@@ -399,14 +361,13 @@ class Engine:
             if self._closed:
                 return
             self._closed = True
-        owner = self._turnstile.close()
-        if owner is not None:
-            owner.close()
-        self._turnstile.wait_idle()
+        for job in self._lanes.close():
+            job.close()
+        self._lanes.wait_idle()
         # Refined costs are kept for the next session when they describe every thread: each
         # governor has run its last steps at its full count (the costs' moving averages have
         # forgotten a spell on fewer threads by then).
-        if all(g.settled for g in self._governors.values()):
+        if self._threads.settled:
             self._drafting.save_refined()
         self.prompt_cache.forget()
         with self._life:

@@ -1,4 +1,4 @@
-"""One generation: wait for the turn, prefill both caches, decode, assemble text, and fill in
+"""One generation: wait for a lane, prefill both caches, decode, assemble text, and fill in
 the result whichever way it ends.
 
 :meth:`edgespec.engine.Engine.stream` checks the arguments, tokenizes the prompt and builds a
@@ -15,12 +15,14 @@ from typing import Iterator, Optional
 
 import numpy as np
 
+from .lanes import Lane, Lanes
 from .lm import LanguageModel, LoadedModel
 from .prompt_cache import PromptCache, common_prefix
 from .request import Request
 from .results import Generation, GenerationStats, StreamEvent, TokenLogprob
+from .rounds import Cancelled
 from .speculative import LoopStats, decode
-from .streams import Job, Turnstile
+from .streams import Job
 from .textstream import TextAssembler
 
 
@@ -35,13 +37,16 @@ def prefill(model: LanguageModel, prompt: list[int],
     keep = common_prefix(model.tokens, prompt[:-1])
     model.truncate(keep)
     todo = prompt[keep:]
-    for start in range(0, len(todo), model.n_batch):
+    start = 0
+    while start < len(todo):
         if cancelled.is_set():
             return len(model.tokens) - keep, None
-        last = start + model.n_batch >= len(todo)
-        rows = model.eval(todo[start:start + model.n_batch], 1 if last else 0)
+        chunk = model.n_batch       # (smaller while other streams decode beside this one)
+        last = start + chunk >= len(todo)
+        rows = model.eval(todo[start:start + chunk], 1 if last else 0)
         if last:
             return len(model.tokens) - keep, np.array(rows[0], dtype=np.float32)
+        start += chunk
     return len(model.tokens) - keep, None
 
 
@@ -56,20 +61,27 @@ def not_started(req: Request) -> Generation:
     return Generation("", [], "cancelled", new_stats(req))
 
 
-def run_generation(job: Job, turnstile: Turnstile, target: LoadedModel, req: Request,
+def run_generation(job: Job, lanes: Lanes, req: Request,
                    cache: Optional[PromptCache] = None) -> Iterator[StreamEvent]:
-    """The generation behind a Stream: waits for its turn, then prefill → decode → result.
+    """The generation behind a Stream: waits for a lane, then prefill → decode → result.
 
-    Holds the turn until it ends; whichever way it ends (last token, cancel, close, an error)
+    Holds the lane until it ends; whichever way it ends (last token, cancel, close, an error)
     the loop's own ``finally`` trims the caches to what was generated, the statistics are
-    finished, and the turn is handed on. A stop string's held-back text comes last, after
-    the turn is handed on. ``cache``: conversations' states kept aside, consulted before
-    each model's prefill (:mod:`edgespec.prompt_cache`).
+    finished, and the lane is handed on. A stop string's held-back text comes last, after
+    the lane is handed on. While it holds a lane its passes are batched with the other
+    lanes' (:mod:`edgespec.rounds`): it is a member of the rounds while it decodes, parked
+    whenever its reader is away. ``cache``: conversations' states kept aside, consulted
+    before each model's prefill (:mod:`edgespec.prompt_cache`).
     """
-    if not turnstile.enter(job):      # cancelled, or the Engine closed, while queued
+    lane = lanes.enter(job, req.prompt)
+    if lane is None:                  # cancelled, or the Engine closed, while queued
         job.result = job.cancelled_result
         return
-    run = _Run(target, req, job.cancelled, cache)
+    member, rounds = lane.member, lanes.rounds
+    member.cancelled = job.cancelled.is_set
+    rounds.join(member)
+    job.on_advance = lambda on: rounds.running(member) if on else rounds.parked(member)
+    run = _Run(lane, req, job.cancelled, cache)
     try:
         run.prefill()
         yield from run.decode()
@@ -77,30 +89,36 @@ def run_generation(job: Job, turnstile: Turnstile, target: LoadedModel, req: Req
     except GeneratorExit:             # closed mid-stream: the output is what was yielded
         run.finish_reason = "cancelled"
         raise
+    except Cancelled:                 # cancelled while its pass waited for the others'
+        run.finish_reason = "cancelled"
     except BaseException as e:        # the caller gets the exception, not a result
         job.error = e
         raise
     finally:
         run.close()
+        job.on_advance = None
+        rounds.leave(member)
         if job.error is None:
             job.result = run.result()
-        turnstile.leave(job)
+        lanes.leave(lane)
     if run.tail:
         yield StreamEvent(run.tail, run.tokens[-1] if run.tokens else -1, False)
 
 
 class _Run:
-    """The state of one generation while it holds the turn: its steps, in order, are
+    """The state of one generation while it holds its lane: its steps, in order, are
     :meth:`prefill`, :meth:`decode`, :meth:`finish_text`, then always :meth:`close`."""
 
-    def __init__(self, target: LoadedModel, req: Request, cancelled: threading.Event,
+    def __init__(self, lane: Lane, req: Request, cancelled: threading.Event,
                  cache: Optional[PromptCache] = None):
-        self.target, self.req, self.cancelled, self.cache = target, req, cancelled, cache
+        self.lane = lane
+        self.target, self.req, self.cancelled, self.cache = lane.target, req, cancelled, cache
         spec = req.speculation
-        self.draft = spec.draft if spec else None        # the draft model kept in step
-        self.head = spec.head if spec else None
-        self.models: list[LoadedModel] = [target] + ([self.draft] if self.draft is not None else [])
-        self.drafter = None             # asked for when the turn comes (prefill)
+        self.draft = lane.draft if spec else None        # the draft model kept in step
+        self.head = lane.head if spec else None
+        self.models: list[LoadedModel] = [self.target] + (
+            [self.draft] if self.draft is not None else [])
+        self.drafter = None             # asked for when the lane is held (prefill)
         self.stats = new_stats(req)
         self.tokens: list[int] = []
         self.logprobs: list[TokenLogprob] = []
@@ -111,7 +129,7 @@ class _Run:
         self.steps = None               # the decoding loop, once it runs
         self.first_row: Optional[np.ndarray] = None     # the target's logits after the prompt
         self.t_decode: Optional[float] = None
-        self.t0 = 0.0                   # the turn's start
+        self.t0 = 0.0                   # when the lane was held
         self.llama0 = self.head0 = 0.0
 
     def prefill(self) -> None:
@@ -122,7 +140,7 @@ class _Run:
         (:meth:`edgespec.drafting.reading.Reading.catch_up`), so the first token never waits for
         the draft. The drafter is asked for first: building one may calibrate."""
         spec = self.req.speculation
-        self.drafter = spec.drafter() if spec else None
+        self.drafter = spec.drafter(self.lane) if spec else None
         t0 = self.t0 = time.perf_counter()
         want = self.req.prompt[:-1]
         if self.cache is not None:
@@ -130,7 +148,7 @@ class _Run:
         self.stats.prompt_tokens_evaluated, self.first_row = prefill(
             self.target, self.req.prompt, self.cancelled)
         if self.draft is not None:
-            want = spec.draft_tokens(want)
+            want = spec.draft_tokens(self.lane, want)
             if self.cache is not None:
                 self.cache.prepare(self.draft, want, companion=self.head)
             self.draft.truncate(common_prefix(self.draft.tokens, want))

@@ -72,13 +72,16 @@ class StatefulModel(LanguageModel, Protocol):
     cache, :mod:`edgespec.prompt_cache`)."""
 
     path: Path
+    # Whose states this cache can take: the model itself, or for a stream's view of one
+    # sequence of a context, that context's model (any of its sequences' states).
+    state_owner: object
 
     def save_state(self) -> SavedState:
         """A copy of what the cache holds now."""
 
     def restore_state(self, state: SavedState) -> None:
-        """Make the cache hold ``state`` (from :meth:`save_state` on this model) instead of
-        what it holds."""
+        """Make the cache hold ``state`` (from :meth:`save_state` on a model of the same
+        ``state_owner``) instead of what it holds."""
 
 
 class LoadedModel(StatefulModel, Protocol):

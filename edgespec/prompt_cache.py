@@ -62,7 +62,7 @@ class Companion(Protocol):
 
 @dataclass(eq=False)
 class _Entry:
-    model: StatefulModel
+    owner: object                 # the model whose caches can take it (its state_owner)
     state: SavedState
     companion_snap: Any = None
     nbytes: int = 0
@@ -128,7 +128,7 @@ class PromptCache:
         keep = common_prefix(live, want)
         best, best_n = None, keep
         for e in self._entries:
-            if e.model is model:
+            if e.owner is model.state_owner:
                 n = common_prefix(e.tokens, want)
                 if n > best_n:
                     best, best_n = e, n
@@ -156,11 +156,11 @@ class PromptCache:
         if nbytes > self.max_bytes:
             return
         self._clock += 1
-        entry = _Entry(model, state, snap, nbytes, self._clock)
+        entry = _Entry(model.state_owner, state, snap, nbytes, self._clock)
         with self._lock:
             # a state that begins this one is covered by it
             self._entries = [e for e in self._entries if not (
-                e.model is model and len(e.tokens) <= len(state.tokens)
+                e.owner is model.state_owner and len(e.tokens) <= len(state.tokens)
                 and state.tokens[:len(e.tokens)] == e.tokens)]
             self._entries.append(entry)
             while self.nbytes > self.max_bytes:
@@ -175,4 +175,4 @@ class PromptCache:
         """Drop every state (of ``model`` only, when given)."""
         with self._lock:
             self._entries = [e for e in self._entries
-                             if model is not None and e.model is not model]
+                             if model is not None and e.owner is not model.state_owner]

@@ -20,8 +20,8 @@ from .results import Generation
 
 if TYPE_CHECKING:
     from .constraints import Constraint, GrammarState
-    from .drafting import Drafter, ReducedHead
-    from .lm import LoadedModel
+    from .drafting import Drafter
+    from .lanes import Lane
 
 Prompt = Union[str, Sequence[Mapping[str, str]]]
 
@@ -54,20 +54,18 @@ class GenerationRequest:
 
 @dataclass(frozen=True)
 class Speculation:
-    """How one generation drafts, decided before it starts: the draft model to keep in step
-    with the target (None: no draft model), its reduced output layer, the drafter (asked for
-    once the generation's turn comes: building one may calibrate), the cost model's
-    seconds for a plain target pass (the speed-up's reference when no round was plain), and
-    the acceptance rule for unseeded sampling (``SpecConfig.verifier``), and the context as
-    the draft's cache holds it (``draft_tokens``: the target's tokens in the draft's, for a
-    draft of another vocabulary)."""
+    """How one generation drafts, decided before it starts: the drafter of the lane it gets
+    (asked for once it holds one: the lane's draft model, reduced output layer and what its
+    drafter learned), the cost model's seconds for a plain target pass (the speed-up's
+    reference when no round was plain), the acceptance rule for unseeded sampling
+    (``SpecConfig.verifier``), and the context as the lane's draft cache holds it
+    (``draft_tokens``: the target's tokens in the draft's, for a draft of another
+    vocabulary)."""
 
-    drafter: Callable[[], Optional["Drafter"]]
-    draft: Optional["LoadedModel"] = None
-    head: Optional["ReducedHead"] = None
+    drafter: Callable[["Lane"], Optional["Drafter"]]
     plain_cost: Callable[[], Optional[float]] = lambda: None
     verifier: str = "block"
-    draft_tokens: Callable[[list[int]], list[int]] = lambda tokens: tokens
+    draft_tokens: Callable[["Lane", list[int]], list[int]] = lambda lane, tokens: tokens
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,12 @@
-"""Generation handles, and how generations on one Engine take turns.
+"""Generation handles, and how generations on one Engine share it.
 
-An Engine has one pair of KV caches and llama.cpp contexts are not thread-safe, so exactly one
-generation uses them at a time. Each generation is a :class:`Stream` over a generator that the
-Engine writes. The generation waits for its turn at a :class:`Turnstile` (first come, first
-served) when the stream is first advanced, keeps the caches while it is open, and gives them
-back when it ends: after its last token, or when it is cancelled, closed or dropped.
+An Engine's models hold ``parallel`` sequences each (one pair of KV caches per lane). Each
+generation is a :class:`Stream` over a generator that the Engine writes. The generation waits
+for a free lane at the Engine's :class:`~edgespec.lanes.Lanes` (first come, first served) when
+the stream is first advanced, keeps that lane while it is open, and gives it back when it
+ends: after its last token, or when it is cancelled, closed or dropped. The generations in
+lanes decode together, their passes batched (:mod:`edgespec.rounds`): while a stream's reader
+is away it holds nobody up.
 
 Ownership is arranged so that dropping a stream ends it at once: the :class:`Stream` owns the
 generator and a :class:`Job`; the generator knows the Job; the Job knows the generator only
@@ -23,10 +25,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
-from collections import deque
-from typing import Any, Generator, Optional
+from typing import Any, Callable, Generator, Optional
 
-from .errors import EngineBusyError
 
 
 class Job:
@@ -39,8 +39,8 @@ class Job:
     thread waits for the step in progress instead of racing it.
     """
 
-    def __init__(self, turnstile: "Turnstile", cancelled_result: Any):
-        self.turnstile = turnstile
+    def __init__(self, lanes, cancelled_result: Any):
+        self.lanes = lanes
         self.cancelled = threading.Event()
         self.step = threading.Lock()
         self.advancing = False                 # a thread is inside next() right now
@@ -49,6 +49,9 @@ class Job:
         self.error: Optional[BaseException] = None
         self.cancelled_result = cancelled_result   # the result if it never gets to run
         self.generator: Optional[weakref.ref] = None
+        # Its place in the batched passes while it holds a slot: told when its reader asks
+        # for a token and when it has it (edgespec.rounds); None outside a slot.
+        self.on_advance: Optional[Callable[[bool], None]] = None
 
     def cancel(self) -> None:
         """Stop this generation; never blocks.
@@ -57,7 +60,7 @@ class Job:
         handed on). Inside a step in another thread: that step ends it at its next token.
         """
         self.cancelled.set()
-        self.turnstile.wake()
+        self.lanes.wake()
         if self.step.acquire(blocking=False):
             try:
                 self._close_generator()
@@ -67,7 +70,7 @@ class Job:
     def close(self) -> None:
         """Stop this generation and wait (at most one step) until it has let go of the caches."""
         self.cancelled.set()
-        self.turnstile.wake()
+        self.lanes.wake()
         with self.step:
             self._close_generator()
 
@@ -77,71 +80,6 @@ class Job:
             gen.close()
         if self.result is None and self.error is None:     # closed before it ever ran
             self.result = self.cancelled_result
-
-
-class Turnstile:
-    """One generation at a time on the caches; the others wait in arrival order."""
-
-    def __init__(self):
-        self._cond = threading.Condition()
-        self._waiting: deque[Job] = deque()
-        self.owner: Optional[Job] = None
-        self.closed = False
-
-    @property
-    def waiting(self) -> int:
-        return len(self._waiting)
-
-    def enter(self, job: Job) -> bool:
-        """Wait for ``job``'s turn. False if it was cancelled, or the turnstile closed, first.
-
-        Raises :class:`EngineBusyError` when the caller would wait for itself: the current
-        owner is a stream that this very thread advanced and left open.
-        """
-        me = threading.get_ident()
-        with self._cond:
-            owner = self.owner
-            if owner is not None and not owner.advancing and owner.consumer == me:
-                raise EngineBusyError(
-                    "this thread still has an unfinished stream on this Engine: read it to the "
-                    "end or call its close() (or cancel()) before starting another generation")
-            self._waiting.append(job)
-            try:
-                while self.owner is not None or self._waiting[0] is not job:
-                    if job.cancelled.is_set() or self.closed:
-                        return False
-                    self._cond.wait()
-                if job.cancelled.is_set() or self.closed:
-                    return False
-                self.owner = job
-                return True
-            finally:
-                self._waiting.remove(job)
-                self._cond.notify_all()   # whoever is now first in line may go
-
-    def leave(self, job: Job) -> None:
-        with self._cond:
-            if self.owner is job:
-                self.owner = None
-                self._cond.notify_all()
-
-    def wake(self) -> None:
-        """Let waiters re-check their flags (after a cancel)."""
-        with self._cond:
-            self._cond.notify_all()
-
-    def close(self) -> Optional[Job]:
-        """Admit nobody any more; wake the queue (each waiter ends cancelled). Returns the
-        current owner, which the caller must stop."""
-        with self._cond:
-            self.closed = True
-            self._cond.notify_all()
-            return self.owner
-
-    def wait_idle(self) -> None:
-        with self._cond:
-            while self.owner is not None:
-                self._cond.wait()
 
 
 class Stream:
@@ -180,10 +118,14 @@ class Stream:
         with job.step:
             job.advancing = True
             job.consumer = threading.get_ident()
+            if job.on_advance is not None:
+                job.on_advance(True)
             try:
                 return next(self._events)
             finally:
                 job.advancing = False
+                if job.on_advance is not None:
+                    job.on_advance(False)
 
     def cancel(self) -> None:
         self._job.cancel()

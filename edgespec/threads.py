@@ -30,6 +30,7 @@ import os
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
+from .errors import InvalidParameterError
 from .cpuload import QUIET, CpuMeter
 
 if TYPE_CHECKING:
@@ -192,6 +193,40 @@ def govern(target: "LoadedModel", draft: Optional["LoadedModel"], costs=None,
         _attach(model, gov, shaped=name == "target" and costs is not None)
         out[name] = gov
     return out
+
+
+class EngineThreads:
+    """An Engine's thread counts: a governor per model that follows the machine's load
+    (``adaptive``), or a count the caller pinned; pinned governors are kept, so that letting
+    them follow again resumes what they knew."""
+
+    def __init__(self, target: "LoadedModel", draft: Optional["LoadedModel"], costs,
+                 adaptive: bool):
+        self.target, self.draft, self.costs = target, draft, costs
+        self.governors = govern(target, draft, costs) if adaptive else {}
+        self._parked = self.governors
+
+    def pin(self, n_threads: Optional[int]) -> None:
+        """Both models on ``n_threads`` threads, or (None) following the load again."""
+        limit = self.target.config.n_threads
+        if n_threads is not None and (not isinstance(n_threads, int) or isinstance(
+                n_threads, bool) or not 1 <= n_threads <= limit):
+            raise InvalidParameterError("n_threads", n_threads,
+                                        f"None or an integer in [1, {limit}] for this Engine")
+        self.governors = govern(self.target, self.draft, self.costs, pin=n_threads,
+                                governors=self._parked)
+        self._parked = self.governors or self._parked
+
+    @property
+    def settled(self) -> bool:
+        """Whether every governor ran its last steps at its full count."""
+        return all(g.settled for g in self.governors.values())
+
+    def describe(self) -> dict:
+        return {"target": self.target.n_threads,
+                "draft": self.draft.n_threads if self.draft is not None else None,
+                "max": self.target.config.n_threads, "adaptive": bool(self.governors),
+                "backed_off": any(g.backed_off for g in self.governors.values())}
 
 
 def _attach(model: "LoadedModel", gov: ThreadGovernor, shaped: bool, longest: int = 64) -> None:

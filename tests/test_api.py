@@ -378,17 +378,17 @@ def test_close_with_a_stream_left_open_in_this_thread(paths):
 def test_an_error_mid_generation_stays_an_error(eng, reference, monkeypatch):
     """A failure inside llama.cpp reaches the caller; closing the stream afterwards must not
     turn it into a "cancelled" result, and the engine answers the next request correctly."""
-    real = eng.target.eval
+    real = eng.target.decode        # every pass of a generation goes through it
     n_prompt = len(eng.prompt_tokens(PROMPTS[0], raw=True))
 
-    def failing(tokens, n_logits=1):
+    def failing(parts):
         # the second decoding pass: the prompt (whether evaluated or restored from the prompt
         # cache) and a first pass's tokens are in the cache
-        if len(eng.target.tokens) >= n_prompt:
+        if any(len(seq.tokens) >= n_prompt for seq, *_ in parts):
             raise BackendError("llama_decode failed with code -1 (invalid batch)")
-        return real(tokens, n_logits)
+        return real(parts)
 
-    monkeypatch.setattr(eng.target, "eval", failing)
+    monkeypatch.setattr(eng.target, "decode", failing)
     stream = eng.stream(PROMPTS[0], max_tokens=N, sampling=GREEDY, raw=True)
     with pytest.raises(BackendError):
         consume(stream)

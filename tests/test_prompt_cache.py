@@ -47,6 +47,7 @@ class TokenModel:
     def __init__(self):
         self.tokens: list[int] = []
         self.restores = 0
+        self.state_owner = self
 
     def save_state(self) -> _State:
         return _State(tuple(self.tokens), 10 * len(self.tokens))
@@ -131,7 +132,7 @@ def test_models_keep_their_own_states():
         use(cache, model, conv(2, 50))
     use(cache, t, conv(1, 60))
     assert t.restores == 1 and d.restores == 0
-    assert {id(e.model) for e in cache._entries} == {id(t), id(d)}
+    assert {id(e.owner) for e in cache._entries} == {id(t), id(d)}
 
 
 def test_an_engine_refuses_a_bad_cache_size():

@@ -122,7 +122,7 @@ def test_random_draft_is_rejected_but_output_is_unchanged(f32_q4, sampling, monk
     plain = f32_q4.generate(prompt, max_tokens=40, sampling=sampling, raw=True,
                             speculative=False)
     random_drafter = RandomDrafter(f32_q4.target.n_vocab)
-    monkeypatch.setattr(f32_q4._drafting, "for_sampling", lambda sampling: random_drafter)
+    monkeypatch.setattr(f32_q4._drafting, "for_sampling", lambda sampling, lane: random_drafter)
     spec = f32_q4.generate(prompt, max_tokens=40, sampling=sampling, raw=True)
     monkeypatch.undo()
     assert spec.stats.drafted >= 40 * 4

@@ -18,7 +18,8 @@ from .model import LlamaModel
 from .pair import open_pair
 from .preflight import info as cpu_check_info
 from .quantize import FTYPES, check_ftype, quantize
-from .remote import RemoteModel, open_model, placement, rpc_endpoints
+from .remote import RemoteModel, open_model
+from .rpc import placement, rpc_endpoints
 from .runtime import LLAMA_CPP_VERSION, backend_info, release_free_heap
 from .vocab import GrammarVocab, VocabOnly, check_compatible, check_compatible_files
 from .vocab_map import VocabMap, check_pair, check_pair_files

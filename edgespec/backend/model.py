@@ -41,6 +41,12 @@ _DECODE_ERRORS = {1: "no room in the KV cache", 2: "aborted", -1: "invalid batch
 class LlamaModel(HasVocabulary):
     """One GGUF model and one llama.cpp context (see the module docstring)."""
 
+    endpoints: tuple = ()       # RPC workers holding its layers: none (RemoteModel's have)
+
+    @property
+    def state_owner(self) -> "LlamaModel":
+        return self
+
     def __init__(self, config: ModelConfig, tap_min_vocab: Optional[int] = None,
                  devices: Optional[ctypes.Array] = None):
         """``tap_min_vocab``: make :meth:`eval_hidden` skip the output layer when the

@@ -28,12 +28,11 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from ..config import ModelConfig
-from ..errors import (BackendError, ContextOverflowError, InvalidParameterError, ModelLoadError,
-                      RPCError)
+from ..errors import BackendError, ContextOverflowError, ModelLoadError, RPCError
 from ..gguf_file import GGUFInfo, check_causal_lm, read_gguf
 from .model import LlamaModel
 from .sequence import ModelState, check_eval
-from .rpc import probe
+from .rpc import probe, where
 from .vocab import HasVocabulary, VocabOnly
 
 _HEAD = struct.Struct("<I")
@@ -225,6 +224,20 @@ class RemoteModel(HasVocabulary):
     def last_logits(self) -> np.ndarray:
         return self._logits[self._last - 1]
 
+    @property
+    def state_owner(self) -> "RemoteModel":
+        return self
+
+    @property
+    def sequences(self) -> tuple:
+        """Its one sequence is itself (a model on workers holds one conversation)."""
+        return (self,)
+
+    def decode(self, parts) -> list[np.ndarray]:
+        """:meth:`eval` of its one sequence's part (the batched passes' interface)."""
+        (seq, tokens, n_logits), = parts
+        return [self.eval(tokens, n_logits)]
+
     def truncate(self, n: int) -> None:
         if n >= len(self.tokens):
             return
@@ -293,39 +306,6 @@ class RemoteModel(HasVocabulary):
             self.close()
         except Exception:  # noqa: BLE001 - best effort at interpreter exit
             pass
-
-
-def where(model) -> str:
-    """Where a model's layers run, in a few words (for status lines and stats)."""
-    endpoints = getattr(model, "endpoints", ())
-    if not endpoints:
-        return "local"
-    ngl = model.config.n_gpu_layers
-    local = 0 <= ngl <= model.n_layer     # llama.cpp counts the output layer as one more
-    return f"RPC {','.join(endpoints)}" + (" + local" if local else "")
-
-
-def placement(backend: str, target, draft) -> str:
-    """The backend's name, and where each model runs when one of them uses RPC workers."""
-    if not getattr(target, "endpoints", ()) and not getattr(draft, "endpoints", ()):
-        return backend
-    return f"{backend} · target {where(target)}" + (
-        f" · draft {where(draft)}" if draft is not None else "")
-
-
-def rpc_endpoints(rpc, draft_rpc) -> tuple[tuple, tuple]:
-    """``rpc`` and ``draft_rpc`` (``"HOST:PORT,…"``, a list, or None) as endpoint tuples; the
-    rebuild hint when llama.cpp has no RPC backend. A worker serves one client at a time, so
-    the two lists may not share one (each model with RPC layers is a client of its own)."""
-    from .rpc import _lib, parse_endpoints
-    t = parse_endpoints(rpc, "rpc") if rpc else ()
-    d = parse_endpoints(draft_rpc, "draft_rpc") if draft_rpc else ()
-    if t or d:
-        _lib()
-    if set(t) & set(d):
-        raise InvalidParameterError("draft_rpc", ",".join(d), "workers other than the "
-                                    "target's (a worker serves one client at a time)")
-    return t, d
 
 
 def open_model(config: ModelConfig, tap_min_vocab: Optional[int] = None):

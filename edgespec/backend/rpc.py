@@ -244,3 +244,39 @@ def worker_devices() -> list[str]:
 
 if __name__ == "__main__":   # pragma: no cover - a manual check: python -m edgespec.backend.rpc EP
     print(probe(sys.argv[1]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Where models run
+
+
+def where(model) -> str:
+    """Where a model's layers run, in a few words (for status lines and stats)."""
+    endpoints = model.endpoints
+    if not endpoints:
+        return "local"
+    ngl = model.config.n_gpu_layers
+    local = 0 <= ngl <= model.n_layer     # llama.cpp counts the output layer as one more
+    return f"RPC {','.join(endpoints)}" + (" + local" if local else "")
+
+
+def placement(backend: str, target, draft) -> str:
+    """The backend's name, and where each model runs when one of them uses RPC workers."""
+    if not target.endpoints and not (draft is not None and draft.endpoints):
+        return backend
+    return f"{backend} · target {where(target)}" + (
+        f" · draft {where(draft)}" if draft is not None else "")
+
+
+def rpc_endpoints(rpc, draft_rpc) -> tuple[tuple, tuple]:
+    """``rpc`` and ``draft_rpc`` (``"HOST:PORT,…"``, a list, or None) as endpoint tuples; the
+    rebuild hint when llama.cpp has no RPC backend. A worker serves one client at a time, so
+    the two lists may not share one (each model with RPC layers is a client of its own)."""
+    t = parse_endpoints(rpc, "rpc") if rpc else ()
+    d = parse_endpoints(draft_rpc, "draft_rpc") if draft_rpc else ()
+    if t or d:
+        _lib()
+    if set(t) & set(d):
+        raise InvalidParameterError("draft_rpc", ",".join(d), "workers other than the "
+                                    "target's (a worker serves one client at a time)")
+    return t, d

@@ -12,7 +12,7 @@ Nothing above :mod:`edgespec.backend` sees the id.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence as Seq
+from typing import Sequence as Seq
 
 import numpy as np
 
@@ -20,8 +20,6 @@ import llama_cpp.llama_cpp as C
 
 from ..errors import BackendError, ContextOverflowError
 
-if TYPE_CHECKING:
-    from .model import LlamaModel
 
 _U8P = C.ctypes.POINTER(C.ctypes.c_uint8)
 
@@ -53,9 +51,10 @@ class ModelState:
 
 
 class KVSequence:
-    """Sequence ``seq_id`` of ``model``'s context (see the module docstring)."""
+    """Sequence ``seq_id`` of ``model``'s context (a :class:`~.model.LlamaModel`; see the
+    module docstring)."""
 
-    def __init__(self, model: "LlamaModel", seq_id: int):
+    def __init__(self, model, seq_id: int):
         self.model = model
         self.seq_id = seq_id
         self.tokens: list[int] = []
@@ -121,7 +120,7 @@ class KVSequence:
                     C.llama_memory_seq_pos_max(m.memory, self.seq_id))
 
 
-def check_parts(model: "LlamaModel", parts) -> int:
+def check_parts(model, parts) -> int:
     """The bounds of ``model.decode(parts)`` checked before llama.cpp would abort (each
     sequence's context, each part's logits rows, all the rows of one call); the number of
     tokens."""
@@ -141,7 +140,7 @@ def check_parts(model: "LlamaModel", parts) -> int:
 class _Bounds:
     """What :func:`~edgespec.backend.model.check_eval` reads of a sequence."""
 
-    def __init__(self, seq: KVSequence, model: "LlamaModel"):
+    def __init__(self, seq: KVSequence, model):
         self.tokens, self.n_ctx, self.n_outputs_max = seq.tokens, model.n_ctx, \
             model.n_outputs_max
 

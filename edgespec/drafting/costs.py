@@ -53,12 +53,17 @@ class Costs:
     busy: bool = False      # measured while the machine was busy: to be measured again
     attention: float = 0.0  # seconds per batch token per context token
     position: Callable[[], int] = field(default=lambda: 0, repr=False, compare=False)
+    # The draft's pass over b streams' single tokens, b >= 2 (their reduced heads' products
+    # included), when several streams draft together; measured for an Engine that decodes
+    # several at once (measure_draft_batch).
+    draft_batch: dict[int, float] = field(default_factory=dict)
 
     def adopt(self, other: "Costs") -> None:
         """Take ``other``'s figures in place (the policies and thread governors that share
         this object see them at once)."""
         self.target, self.draft, self.busy = dict(other.target), other.draft, other.busy
         self.attention = other.attention
+        self.draft_batch = dict(other.draft_batch) or self.draft_batch
         self._table()
 
     def __post_init__(self) -> None:
@@ -108,6 +113,7 @@ class Costs:
             self.target = {k: v * scale for k, v in self.target.items()}
             self.target[1] = new - self.attention * scale * context
             self.draft *= scale
+            self.draft_batch = {b: v * scale for b, v in self.draft_batch.items()}
             self.attention *= scale
         elif context >= ATTENTION_CONTEXT:
             # A batch over a long context: what it cost beyond the table is attention.
@@ -121,12 +127,30 @@ class Costs:
         self._table()
 
     def observe_draft(self, seconds: float) -> None:
-        self.draft = self._blend(self.draft, seconds, self.ema)
+        old = self.draft
+        self.draft = self._blend(old, seconds, self.ema)
+        self.draft_batch = {b: v * self.draft / old for b, v in self.draft_batch.items()}
+
+    def draft_pass(self, b):
+        """Seconds of a draft pass over ``b`` streams' single tokens (scalar or array; b >= 1):
+        the measured batches, linear between them and along the last segment beyond; without
+        them, ``b`` separate steps (no gain assumed from batching drafts)."""
+        b = np.asarray(b, dtype=float)
+        if not self.draft_batch:
+            out = b * self.draft
+        else:
+            keys = np.array([1.0] + sorted(self.draft_batch), dtype=float)
+            vals = np.maximum.accumulate([self.draft] + [self.draft_batch[k]
+                                                         for k in sorted(self.draft_batch)])
+            slope = max((vals[-1] - vals[-2]) / (keys[-1] - keys[-2]), 0.0)
+            out = np.where(b > keys[-1], vals[-1] + slope * (b - keys[-1]),
+                           np.interp(b, keys, vals))
+        return float(out) if out.ndim == 0 else out
 
     def snapshot(self) -> "Costs":
         """A copy of these figures, refined apart from here on."""
         return Costs(dict(self.target), self.draft, busy=self.busy, attention=self.attention,
-                     position=self.position)
+                     position=self.position, draft_batch=dict(self.draft_batch))
 
     def free(self) -> "Costs":
         """These target costs with drafts that cost nothing (n-gram lookups)."""
@@ -281,15 +305,17 @@ class CostCache:
             return None
         try:
             return Costs({int(n): float(v) for n, v in entry["target"].items()},
-                         float(entry["draft"]), attention=float(entry.get("attention", 0.0)))
+                         float(entry["draft"]), attention=float(entry.get("attention", 0.0)),
+                         draft_batch={int(b): float(v) for b, v in
+                                      entry.get("draft_batch", {}).items()})
         except (TypeError, ValueError, AttributeError):
             return None
 
     def save(self, costs: Costs, source: str) -> None:
         saved = {k: v for k, v in self._read().items() if _current(k, v)}
         saved[self.key] = {"target": costs.target, "draft": costs.draft,
-                           "attention": costs.attention, "saved": time.time(),
-                           "source": source}
+                           "attention": costs.attention, "draft_batch": costs.draft_batch,
+                           "saved": time.time(), "source": source}
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
@@ -314,3 +340,29 @@ def calibrate_cached(target, draft, head: Optional[ReducedHead] = None, *,
     if cal.quiet:
         cache.save(cal.costs, "calibration")
     return Costs(dict(cal.costs.target), cal.costs.draft, busy=not cal.quiet)
+
+
+def measure_draft_batch(draft, sizes: Sequence[int], head: Optional[ReducedHead] = None,
+                        reps: int = 3) -> dict[int, float]:
+    """Seconds of the draft's pass over one token of each of b streams, for each b in
+    ``sizes`` (at most the model's sequences), the reduced head's b products included; the
+    fastest of ``reps``. ``draft``: the backend model (its ``sequences``, ``decode`` and
+    ``decode_hidden``); each sequence is left as it was."""
+    out = {}
+    tok = draft.vocab.bos if draft.vocab.bos >= 0 else 0
+    for b in sizes:
+        seqs = draft.sequences[:b]
+        best = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            if head is not None:
+                hidden = draft.decode_hidden([(seq, [tok]) for seq in seqs])
+                for row in (hidden if hidden is not None else ()):
+                    head.subset_logits(row)
+            else:
+                draft.decode([(seq, [tok], 1) for seq in seqs])
+            best = min(best, time.perf_counter() - t0)
+            for seq in seqs:
+                seq.truncate(len(seq.tokens) - 1)
+        out[b] = best
+    return out

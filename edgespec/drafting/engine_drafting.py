@@ -22,7 +22,8 @@ from ..request import Speculation
 from ..threads import governors_suspended
 from .base import Drafter
 from .cross_vocab import Translation
-from .costs import CostCache, Costs, calibrate, calibrate_cached
+from .batch import Ask, BatchCosts, plan_round
+from .costs import CostCache, Costs, calibrate, calibrate_cached, measure_draft_batch
 from .hybrid import HybridDrafter
 from .model import ModelDrafter
 from .ngram import NgramDrafter
@@ -31,15 +32,18 @@ from .reduced_head import HEAD_MIN_VOCAB, ReducedHead
 
 if TYPE_CHECKING:
     from ..backend import VocabMap
+    from ..lanes import Lane
 
 
 def make_drafter(spec: SpecConfig, *, costs: Optional[Costs], k_max: int,
                  draft_model: Optional[LanguageModel] = None, eog: frozenset[int] = frozenset(),
-                 head: Optional[ReducedHead] = None, cross=None) -> Optional[Drafter]:
+                 head: Optional[ReducedHead] = None, cross=None,
+                 joint: Optional[Callable] = None) -> Optional[Drafter]:
     """The drafter ``spec`` names, each source with its own length policy: the cost model over
     ``costs`` (drafts of at most ``k_max``), or the spec's fixed K when it pins one. ``costs``
     may be None only for a fixed K. None for ``drafter="none"``. ``cross``: a draft model of
-    another vocabulary (see :class:`~.model.ModelDrafter`)."""
+    another vocabulary (see :class:`~.model.ModelDrafter`). ``joint``: the draft model's
+    lengths are planned with other streams' (:attr:`~.policy.AdaptiveLength.joint`)."""
     fixed = not spec.is_adaptive
 
     def policy(c: Optional[Costs]) -> LengthPolicy:
@@ -47,7 +51,10 @@ def make_drafter(spec: SpecConfig, *, costs: Optional[Costs], k_max: int,
 
     def model_drafter() -> ModelDrafter:
         assert draft_model is not None, f"the {spec.drafter} drafter needs a draft model"
-        return ModelDrafter(draft_model, eog, policy(costs), head, cross)
+        own = policy(costs)
+        if joint is not None and isinstance(own, AdaptiveLength):
+            own.joint = joint
+        return ModelDrafter(draft_model, eog, own, head, cross)
 
     if spec.drafter is DrafterKind.MODEL:
         return model_drafter()
@@ -92,18 +99,21 @@ class EngineDrafting:
 
     def __init__(self, spec: SpecConfig, target: LoadedModel, draft: Optional[LoadedModel],
                  head: Optional[ReducedHead] = None, *, vocab_map: Optional["VocabMap"] = None,
-                 recalibrate: bool = False, progress: Callable[[str], None] = lambda s: None):
+                 recalibrate: bool = False, progress: Callable[[str], None] = lambda s: None,
+                 parallel: int = 1):
         # A draft with a large vocabulary, run on the CPU, skips llama.cpp's output layer and
         # applies a reduced one (reduced_head.py); ``head``: one shared with another Engine.
         if head is None and draft is not None and draft.can_tap \
                 and draft.n_vocab >= HEAD_MIN_VOCAB and spec.uses_draft_model:
             head = ReducedHead(draft, shared=vocab_map.keep if vocab_map else None)
         self.spec, self.target, self.draft, self.head = spec, target, draft, head
+        self.parallel = parallel
+        self._vocab_map = vocab_map
         self._vocab_share = vocab_map.share if vocab_map is not None else None
         # A draft of another vocabulary (``vocab_map``: the map between the two): the context
-        # in its tokens and its ids to the target's; one translation serves every drafter and
-        # the prompt pass.
-        self.cross = translation_for(target, draft, vocab_map)
+        # in its tokens and its ids to the target's, one translation per lane (it follows
+        # that lane's conversation), serving its drafters and its prompt pass.
+        self._cross: dict[int, Optional[tuple]] = {}
         self.costs: Optional[Costs] = None
         self._by_kind: dict = {}
         self._recalibrate, self._progress = recalibrate, progress
@@ -117,16 +127,31 @@ class EngineDrafting:
         return self.draft if self.spec.uses_draft_model else None
 
     def _calibrate(self) -> None:
-        self.costs = calibrate_cached(self.target, self._measured_draft(), head=self.head,
+        draft = self._measured_draft()
+        cache = CostCache(self.target, draft, self.head)
+        self.costs = calibrate_cached(self.target, draft, head=self.head,
                                       force=self._recalibrate, progress=self._progress)
         target = self.target
         self.costs.position = lambda: len(target.tokens)   # the context its passes follow
+        # Several streams draft together: what the draft's pass over b of them costs.
+        sizes = [b for b in (2, 4, 8, 16) if b <= self.parallel]
+        if draft is not None and sizes and not all(b in self.costs.draft_batch for b in sizes):
+            self._progress("measuring the draft's batches (once per model and setting)…")
+            self.costs.draft_batch.update(measure_draft_batch(draft, sizes, self.head))
+            if not self.costs.busy:
+                cache.save(self.costs, "calibration")
+
+    def plan_round(self, asks: list) -> list:
+        """The round's draft lengths for the lanes that asked (drafting/batch.py)."""
+        c = self.costs
+        return plan_round(asks, BatchCosts(c.bare, c.attention, c.draft_pass))
 
     def remeasure(self, force: bool = False) -> bool:
         """Measure a busy calibration again when it is due (``force``: now); True when a
         quiet measurement replaced it. Between generations only: it uses the models."""
         c = self.costs
-        if c is None or not c.busy or (not force and time.monotonic() < self._remeasure_at):
+        if c is None or not c.busy or (not force and time.monotonic() < self._remeasure_at) \
+                or self.parallel > 1:       # (other lanes may be decoding on the models)
             return False
         draft = self._measured_draft()
         models = [m for m in (self.target, draft) if m is not None]
@@ -172,7 +197,8 @@ class EngineDrafting:
         (None without a cost model: a pinned draft length)."""
         return self.costs.pass_seconds(1) if self.costs is not None else None
 
-    def for_sampling(self, sampling: SamplingParams) -> Optional[Drafter]:
+    def for_sampling(self, sampling: SamplingParams, lane: "Lane") -> Optional[Drafter]:
+        """The drafter of ``lane`` for this kind of sampling (built on first use)."""
         spec = self.spec
         if not spec.drafts:
             return None
@@ -180,26 +206,37 @@ class EngineDrafting:
                 "greedy" if sampling.greedy else
                 "seeded" if sampling.seed is not None else "sampled")
         self.remeasure()
-        if kind not in self._by_kind:
+        key = (lane.index, kind)
+        if key not in self._by_kind:
             if kind != "fixed" and self.costs is None:
                 self._calibrate()
-            self._by_kind[kind] = make_drafter(
+            joint = ((lambda rates, cap, alone: lane.plan(
+                Ask(rates, cap, alone, position=len(lane.target.tokens))))
+                if self.parallel > 1 else None)
+            self._by_kind[key] = make_drafter(
                 spec, costs=self.costs, k_max=min(spec.k_max, self.target.n_outputs_max - 1),
-                draft_model=self.draft, eog=self.target.vocab.eog, head=self.head,
-                cross=self.cross)
-        return self._by_kind[kind]
+                draft_model=lane.draft, eog=self.target.vocab.eog, head=lane.head,
+                cross=self.cross_for(lane), joint=joint)
+        return self._by_kind[key]
+
+    def cross_for(self, lane: "Lane") -> Optional[tuple]:
+        """The translation of ``lane`` (a draft of another vocabulary), or None."""
+        if lane.index not in self._cross:
+            self._cross[lane.index] = translation_for(self.target, self.draft, self._vocab_map)
+        return self._cross[lane.index]
 
     def speculation(self, sampling: SamplingParams) -> Optional[Speculation]:
         """How a generation with ``sampling`` drafts; None: nothing drafts."""
         if not self.spec.drafts:
             return None
-        return Speculation(drafter=lambda: self.for_sampling(sampling), draft=self.draft,
-                           head=self.head, plain_cost=self.plain_pass_seconds,
-                           verifier=self.spec.verifier, draft_tokens=self.draft_tokens)
+        return Speculation(drafter=lambda lane: self.for_sampling(sampling, lane),
+                           plain_cost=self.plain_pass_seconds, verifier=self.spec.verifier,
+                           draft_tokens=self.draft_tokens)
 
-    def draft_tokens(self, context: list[int]) -> list[int]:
-        """``context`` (target tokens) as the draft model's cache holds it."""
-        return context if self.cross is None else list(self.cross[0].tokens(context))
+    def draft_tokens(self, lane: "Lane", context: list[int]) -> list[int]:
+        """``context`` (target tokens) as ``lane``'s draft cache holds it."""
+        cross = self.cross_for(lane)
+        return context if cross is None else list(cross[0].tokens(context))
 
     def set_draft_max(self, draft_max: Optional[int]) -> None:
         """See :meth:`edgespec.engine.Engine.set_draft_max`."""

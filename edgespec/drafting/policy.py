@@ -27,7 +27,7 @@ length does (read everything, draft regardless).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Protocol, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -201,6 +201,10 @@ class AdaptiveLength:
     _pos_rates: np.ndarray = field(init=False, default=None)
     _probing: bool = field(init=False, default=False)
     _probe_z: float = field(init=False, default=0.0)
+    # With other streams decoding beside this one: (its position rates, its cap, its own
+    # choice) -> the draft length planned for the whole batch (drafting/batch.py).
+    joint: Optional[Callable[[np.ndarray, int, int], int]] = field(default=None, repr=False,
+                                                                   compare=False)
 
     def __post_init__(self) -> None:
         self._pos = _Decayed(self.k_max, strength=8.0)
@@ -275,13 +279,16 @@ class AdaptiveLength:
             self._planned = 0
             return 0
         k, self._rate = self.best()
-        self._idle = self._idle + 1 if k == 0 else 0
         # Slow start: after plain decoding (and at first) drafts grow 4, 8, 16… tokens per
         # round while evidence comes in, instead of gambling 32 draft steps on estimates.
-        k = min(k, 4 << min(self._streak, 8))
+        cap = min(self.k_max, 4 << min(self._streak, 8))
+        k = min(k, cap)
+        self._pos_rates = self.position_rates(self._probe_z if self._probing else None)
+        if self.joint is not None:      # other streams share the passes: planned together
+            k = min(self.joint(self._pos_rates, cap, k), cap)
+        self._idle = self._idle + 1 if k == 0 else 0
         self._planned = k
         self._reach = 1.0
-        self._pos_rates = self.position_rates(self._probe_z if self._probing else None)
         if k:
             # The value of time while drafting is the rate of the round actually planned: the
             # rate of the uncapped best K would make every continuation of a capped draft

@@ -97,7 +97,11 @@ class ReducedHead:
             self.ids = self.ids[shared[self.ids]]
         # Stored transposed (n_embd × rows, contiguous): the layout BLAS multiplies fastest.
         self.wt = np.ascontiguousarray(model.output_rows(self.ids).T)
-        self._member = np.zeros(n, dtype=bool)
+        self._start(max_extra)
+
+    def _start(self, max_extra: int) -> None:
+        """The rows of no conversation yet: the base subset, room for ``max_extra`` more."""
+        self._member = np.zeros(self.n_vocab, dtype=bool)
         self._member[self.ids] = True
         nb = len(self.ids)
         # Subset ids and their logits: the base rows, then the extra rows in order added.
@@ -109,6 +113,16 @@ class ReducedHead:
         self._n_extra = 0
         self._context: list[int] = []     # the conversation the extra rows were added for
         self.seconds = 0.0      # spent in the products, cumulative
+
+    def sibling(self) -> "ReducedHead":
+        """A head over the same base rows (shared, not copied: Gemma's are ~40 MB) with extra
+        rows of its own: one per stream of an Engine that decodes several at once, each
+        following its own conversation."""
+        other = object.__new__(ReducedHead)
+        other.model, other.n_vocab, other.ids, other._shared, other.wt = (
+            self.model, self.n_vocab, self.ids, self._shared, self.wt)
+        other._start(len(self._extra_ids))
+        return other
 
     @property
     def size(self) -> int:

@@ -1,0 +1,215 @@
+"""Several streams on one Engine, their passes batched round by round: :class:`Rounds`.
+
+Each stream's generation is the decoding loop as it is (Algorithm 1, one stream), advanced by
+whichever thread reads that stream. Its models are :class:`StreamModel` views: the target's
+and the draft's sequences that are this stream's cache. A view's ``eval`` does not call
+llama.cpp at once: the request waits in the rounds, and when no member stream is computing
+(each is waiting for a pass or a plan, or its reader has not asked for its next token), one
+waiting thread makes one ``llama_decode`` for every request on one model, hands each its
+rows, and all go on. When several kinds wait, plans come first (the draft lengths of a round
+are chosen together: :mod:`edgespec.drafting.batch`), then the draft model's steps, then the
+target's pass: the drafting streams finish their drafts before the target's pass, which then
+holds every stream's verify rows, plain rows and prompt chunks.
+
+A stream whose reader is away (between two tokens, or not reading) is *parked*: it holds no
+one up, except for a short ``grace`` right after it parked, so that a reader that is only
+moving its token along (a server writing it to a socket) joins the same pass. Only one pass
+is in flight at a time (the CPU's cores are one resource). A member that leaves, or is
+cancelled while it waits, lets the others go on at once.
+
+The rows a pass returns are views of llama.cpp's buffer, valid until that model's next pass,
+which cannot start before every member is waiting again, i.e. done with its rows.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+RUNNING, PARKED, WAITING = "running", "parked", "waiting"
+GRACE = 0.002       # seconds a freshly parked member is waited for (a reader moving a token)
+
+
+@dataclass(eq=False)
+class Member:
+    """One stream's place in the rounds."""
+
+    state: str = RUNNING
+    since: float = field(default_factory=time.monotonic)    # when it parked
+    cancelled: Callable[[], bool] = lambda: False
+
+
+@dataclass(eq=False)
+class _Request:
+    member: Member
+    model: Any                    # the backend model (its decode/decode_hidden), or "plan"
+    part: tuple = ()              # (sequence, tokens, n_logits) or (sequence, tokens) hidden
+    hidden: bool = False
+    done: bool = False
+    result: Any = None
+    error: Optional[BaseException] = None
+
+
+class Rounds:
+    """The members' passes, batched (see the module docstring). ``models``: the backend models
+    in the order their waiting passes go first (the draft's, then the target's). ``plan``:
+    chooses the draft lengths of the members waiting to plan, from what each asked
+    (``plan(asks) -> list of K``); None: each gets what it asked."""
+
+    def __init__(self, models: Sequence[Any], plan: Optional[Callable[[list], list]] = None,
+                 grace: float = GRACE):
+        self.models = list(models)
+        self._plan = plan
+        self.grace = grace
+        self._cond = threading.Condition()
+        self._members: set[Member] = set()
+        self._queue: list[_Request] = []
+        self._busy = False
+        self.passes = 0                 # llama_decode calls made for several members
+        self.rows_per_pass: list[int] = []
+
+    # -- membership -----------------------------------------------------------------------
+
+    def join(self, member: Member) -> None:
+        """``member``'s stream decodes from now on (it computes until it waits or parks)."""
+        with self._cond:
+            member.state = RUNNING
+            self._members.add(member)
+
+    def leave(self, member: Member) -> None:
+        with self._cond:
+            self._members.discard(member)
+            self._queue = [r for r in self._queue if r.member is not member]
+            self._cond.notify_all()
+
+    def running(self, member: Member) -> None:
+        """The member's reader asks for its next token: it computes again."""
+        with self._cond:
+            member.state = RUNNING
+
+    def parked(self, member: Member) -> None:
+        """The member's reader has its token and is away."""
+        with self._cond:
+            member.state, member.since = PARKED, time.monotonic()
+            self._cond.notify_all()
+
+    def wake(self) -> None:
+        """Let waiting members look at their cancel flags again."""
+        with self._cond:
+            self._cond.notify_all()
+
+    @property
+    def size(self) -> int:
+        return len(self._members)
+
+    # -- requests -------------------------------------------------------------------------
+
+    def decode(self, member: Member, model, seq, tokens: Sequence[int], n_logits: int
+               ) -> np.ndarray:
+        """``model.decode`` of this member's part, batched with the others'."""
+        return self._wait(_Request(member, model, (seq, list(tokens), n_logits)))
+
+    def decode_hidden(self, member: Member, model, seq, tokens: Sequence[int]
+                      ) -> tuple[Optional[np.ndarray], Optional[np.ndarray]]:
+        """``model.decode_hidden`` of this member's part, batched: (its hidden state, None),
+        or (None, its logits row) when the hidden state could not be read."""
+        return self._wait(_Request(member, model, (seq, list(tokens)), hidden=True))
+
+    def plan(self, member: Member, ask: Any) -> Any:
+        """This member's draft length for the round, chosen with the others' (``ask``: what
+        the planner needs of it)."""
+        return self._wait(_Request(member, "plan", (ask,)))
+
+    def _wait(self, req: _Request) -> Any:
+        with self._cond:
+            req.member.state = WAITING
+            self._queue.append(req)
+            try:
+                while not req.done:
+                    if req.member.cancelled() and req in self._queue:     # (not in flight)
+                        self._queue.remove(req)
+                        self._cond.notify_all()
+                        raise Cancelled()
+                    timeout = self._ready()
+                    if timeout == 0.0:
+                        self._fire()
+                    else:
+                        self._cond.wait(timeout)
+            finally:
+                req.member.state = RUNNING
+        if req.error is not None:
+            raise req.error
+        return req.result
+
+    def _ready(self) -> Optional[float]:
+        """0 when a pass may fire now; else how long to wait before looking again (None:
+        until told)."""
+        if self._busy or not self._queue:
+            return None
+        now, wait = time.monotonic(), None
+        for m in self._members:
+            if m.state == RUNNING:
+                return None
+            if m.state == PARKED and now - m.since < self.grace:
+                left = self.grace - (now - m.since)
+                wait = left if wait is None else min(wait, left)
+        return 0.0 if wait is None else wait
+
+    def _fire(self) -> None:
+        """Serve one group of waiting requests (called holding the lock; the pass itself runs
+        without it)."""
+        plans = [r for r in self._queue if r.model == "plan"]
+        if plans:
+            asks = [r.part[0] for r in plans]
+            ks = self._plan(asks) if self._plan is not None else asks
+            for r, k in zip(plans, ks):
+                r.result, r.done = k, True
+            self._queue = [r for r in self._queue if r.model != "plan"]
+            self._cond.notify_all()
+            return
+        model = next(m for m in self.models if any(r.model is m for r in self._queue))
+        group = [r for r in self._queue if r.model is model]
+        hidden = [r for r in group if r.hidden]
+        group = hidden or group         # a model's tapped and plain passes go apart
+        self._queue = [r for r in self._queue if r not in group]
+        self._busy = True
+        self._cond.release()
+        try:
+            self._run(model, group)
+        finally:
+            self._cond.acquire()
+            self._busy = False
+            for r in group:
+                r.done = True
+            self._cond.notify_all()
+
+    def _run(self, model, group: list[_Request]) -> None:
+        try:
+            if group[0].hidden:
+                hidden = model.decode_hidden([r.part for r in group])
+                rows = model.last_rows() if hidden is None else None
+                for i, r in enumerate(group):
+                    r.result = (hidden[i], None) if hidden is not None else (None, rows[i])
+            else:
+                out = model.decode([r.part for r in group])
+                for r, rows in zip(group, out):
+                    r.result = rows
+            if len(group) > 1:
+                self.passes += 1
+            self.rows_per_pass.append(sum(_rows(r) for r in group))
+            del self.rows_per_pass[:-256]
+        except BaseException as e:  # noqa: BLE001 - each request's caller raises it
+            for r in group:
+                r.error = e
+
+
+def _rows(r: _Request) -> int:
+    return 1 if r.hidden else r.part[2]
+
+
+class Cancelled(Exception):
+    """A member's request was dropped because its stream was cancelled while it waited."""
