@@ -78,7 +78,7 @@ def run_generation(job: Job, lanes: Lanes, req: Request,
         job.result = job.cancelled_result
         return
     member, rounds = lane.member, lanes.rounds
-    member.cancelled = job.cancelled.is_set
+    member.cancelled, member.prompting = job.cancelled.is_set, True
     rounds.join(member)
     job.on_advance = lambda on: rounds.running(member) if on else rounds.parked(member)
     run = _Run(lane, req, job.cancelled, cache)
@@ -147,6 +147,7 @@ class _Run:
             self.stats.prompt_tokens_restored = self.cache.prepare(self.target, want)
         self.stats.prompt_tokens_evaluated, self.first_row = prefill(
             self.target, self.req.prompt, self.cancelled)
+        self.lane.member.prompting = False
         if self.draft is not None:
             want = spec.draft_tokens(self.lane, want)
             if self.cache is not None:

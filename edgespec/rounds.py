@@ -7,9 +7,11 @@ llama.cpp at once: the request waits in the rounds, and when no member stream is
 (each is waiting for a pass or a plan, or its reader has not asked for its next token), one
 waiting thread makes one ``llama_decode`` for every request on one model, hands each its
 rows, and all go on. When several kinds wait, plans come first (the draft lengths of a round
-are chosen together: :mod:`edgespec.drafting.batch`), then the draft model's steps, then the
-target's pass: the drafting streams finish their drafts before the target's pass, which then
-holds every stream's verify rows, plain rows and prompt chunks.
+are chosen together: :mod:`edgespec.drafting.batch`), then a new stream's prompt (the target's
+pass goes at once, with whatever verify rows already wait: a first token waits for no one's
+drafts), then the draft model's steps, then the target's pass: the drafting streams finish
+their drafts before the target's pass, which then holds every stream's verify rows, plain rows
+and prompt chunks.
 
 A stream whose reader is away (between two tokens, or not reading) is *parked*: it holds no
 one up, except for a short ``grace`` right after it parked, so that a reader that is only
@@ -41,6 +43,7 @@ class Member:
     state: str = RUNNING
     since: float = field(default_factory=time.monotonic)    # when it parked
     cancelled: Callable[[], bool] = lambda: False
+    prompting: bool = False     # its prompt is being evaluated (its passes go first)
 
 
 @dataclass(eq=False)
@@ -171,7 +174,10 @@ class Rounds:
             self._queue = [r for r in self._queue if r.model != "plan"]
             self._cond.notify_all()
             return
-        model = next(m for m in self.models if any(r.model is m for r in self._queue))
+        # A new stream's prompt goes first: its first token waits for no one's drafts.
+        prompting = any(r.member.prompting and r.model is self.models[-1] for r in self._queue)
+        model = self.models[-1] if prompting else \
+            next(m for m in self.models if any(r.model is m for r in self._queue))
         group = [r for r in self._queue if r.model is model]
         hidden = [r for r in group if r.hidden]
         group = hidden or group         # a model's tapped and plain passes go apart
