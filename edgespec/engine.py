@@ -40,7 +40,7 @@ from .request import GenerationRequest, Prompt, Request, Speculation, check_limi
 from .results import Generation
 from .streams import AsyncStream, Job, Stream, Turnstile
 from .threads import govern
-from .tools import plan_request
+from .tools import ToolPlan, plan_request
 
 log = logging.getLogger(__name__)
 
@@ -341,18 +341,12 @@ class Engine:
         sampling = req.sampling if req.sampling is not None else SamplingParams()
         constraint = req.constraint
         self._check_open()
-        plan = plan_request(req.prompt, req.tools, req.tool_choice,
-                            parallel=req.parallel_tool_calls,
-                            native_template=self.template.writes_tool_call_tags)
+        tokens, plan = self._prompt_plan(req)
         if plan is not None:
             if constraint is not None and plan.constraint is not None:
                 raise InvalidParameterError("constraint", "a Constraint", "None when tools "
                                             "may be called (tool_choice='none' allows one)")
             constraint = plan.constraint or constraint
-            tokens = self.prompt_tokens(plan.messages, tools=plan.template_tools,
-                                        _validated=True)
-        else:
-            tokens = self.prompt_tokens(req.prompt, raw=req.raw)
         if len(tokens) >= self.n_ctx:
             raise ContextOverflowError(len(tokens), self.n_ctx)
         run = Request(tokens, req.max_tokens, sampling, stop=stop,
@@ -362,6 +356,23 @@ class Engine:
         job = Job(self._turnstile, not_started(run))
         return Stream(job, run_generation(job, self._turnstile, self.target, run,
                                           self.prompt_cache))
+
+    def request_tokens(self, req: GenerationRequest) -> list[int]:
+        """The prompt tokens :meth:`submit` would generate ``req`` from (its tools declared
+        as the template or the generic instruction declares them); nothing is queued. What a
+        server's token-counting endpoint answers."""
+        self._check_open()
+        return self._prompt_plan(req)[0]
+
+    def _prompt_plan(self, req: GenerationRequest) -> tuple[list[int], Optional[ToolPlan]]:
+        """``req``'s prompt tokens, and how it uses its tools (None: it has none)."""
+        plan = plan_request(req.prompt, req.tools, req.tool_choice,
+                            parallel=req.parallel_tool_calls,
+                            native_template=self.template.writes_tool_call_tags)
+        if plan is None:
+            return self.prompt_tokens(req.prompt, raw=req.raw), None
+        return self.prompt_tokens(plan.messages, tools=plan.template_tools,
+                                  _validated=True), plan
 
     def _speculation(self, sampling: SamplingParams) -> Optional[Speculation]:
         """How a generation with ``sampling`` drafts on this Engine; None: it cannot."""
