@@ -60,6 +60,7 @@ from .generation import GenerationPath
 from ..catalogue import entry_for
 from .models import ModelManager
 from .ollama import OllamaRoutes
+from .ollama_models import OllamaModelRoutes
 from .ollama_replies import ollama_error_body
 from .openai import OpenAIRoutes
 from .wire import APIError
@@ -222,8 +223,8 @@ async def _api_error(request: Request, exc: APIError) -> Response:
 async def _http_error(request: Request, exc: HTTPException) -> Response:
     path = request.url.path
     if exc.status_code == 404:
-        hint = (" (edgespec serves /api/chat, /api/generate, /api/tags, /api/show, /api/ps "
-                "and /api/version; models come from `edgespec pull`)") if is_ollama(path) else ""
+        hint = (" (edgespec serves /api/chat, /api/generate, /api/tags, /api/show, /api/ps, "
+                "/api/version, /api/pull, /api/delete and /api/copy)") if is_ollama(path) else ""
         return error_response(APIError(404, f"no such endpoint: {request.method} "
                                             f"{path}{hint}", code="unknown_url"), path)
     if exc.status_code == 405:
@@ -276,6 +277,7 @@ def create_app(engine=None, *, model_id: Optional[str] = None,
         *OpenAIRoutes(path, n_ctx, max_body).routes(),
         *OllamaRoutes(path, n_ctx, max_body).routes(),
         *AnthropicRoutes(path, n_ctx, max_body).routes(),
+        *OllamaModelRoutes(path, max_body).routes(),
     ]
     if metrics is not None:
         routes.append(Route("/metrics", metrics_endpoint(metrics), methods=["GET"]))
@@ -286,7 +288,7 @@ def create_app(engine=None, *, model_id: Optional[str] = None,
                                      routes=[r.path for r in routes]))
     if cors_origins:
         middleware.append(Middleware(CORSMiddleware, allow_origins=list(cors_origins),
-                                     allow_methods=["GET", "POST"],
+                                     allow_methods=["GET", "POST", "DELETE"],
                                      allow_headers=["Authorization", "Content-Type",
                                                     "x-api-key", "anthropic-version",
                                                     "anthropic-beta"],
