@@ -98,7 +98,8 @@ class ModelManager:
     def _entries(self, fresh: bool = False) -> dict[str, CatalogEntry]:
         now = time.monotonic()
         if fresh or now - self._scanned_at > CATALOG_TTL:
-            self._catalog = {**self._scan(), **self._added}
+            self._catalog = {**self._scan(), **{n: e for n, e in self._added.items()
+                                                 if e.target.is_file()}}
             self._scanned_at = now
         return self._catalog
 
