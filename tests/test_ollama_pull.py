@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 
 import ollama
 import pytest
 
 from hubserver import FakeHub
-from server_helpers import ServerProcess, request, stop_checked, wait_until
+from server_helpers import ServerProcess, request, wait_until
 
 REPO = "edgespec-test/SmolLM2-135M-Instruct-GGUF"
 TARGET, DRAFT = "SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct.Q2_K.gguf"
@@ -29,6 +30,11 @@ source = {{ kind = "hub", repo = "{REPO}", filename = "{TARGET}", revision = "ma
 approx_gb = 0.09
 license = "Apache-2.0"
 source = {{ kind = "hub", repo = "{REPO}", filename = "{DRAFT}", revision = "main" }}
+
+[models.hub-altered]
+approx_gb = 0.01
+license = "Apache-2.0"
+source = {{ kind = "hub", repo = "{REPO}", filename = "altered.gguf", revision = "main" }}
 
 [pairs.tiny]
 target = "hub-smollm2-q4_1"
@@ -50,6 +56,8 @@ def site(tmp_path_factory, smollm2_q4_path, smollm2_q2k_path, smollm2_f16_path):
         hub.add_file(REPO, TARGET, smollm2_q4_path)
         hub.add_file(REPO, DRAFT, smollm2_q2k_path)
         hub.add_file(REPO, "notes.bin", b"not a model " * 100)
+        hub.add_file(REPO, "altered.gguf", b"GGUF" + bytes(range(256)) * 64)
+        hub.tamper(REPO, "altered.gguf")            # served with a byte flipped
         (tmp / "pairs.toml").write_text(REGISTRY)
         env = hub.env(tmp / "hf", EDGESPEC_MODELS=str(tmp / "models"),
                       EDGESPEC_REGISTRY=str(tmp / "pairs.toml"))
@@ -60,7 +68,12 @@ def site(tmp_path_factory, smollm2_q4_path, smollm2_q2k_path, smollm2_f16_path):
             yield hub, server, client, tmp
         finally:
             hub.release()
-            stop_checked(server)
+            rc = server.stop()
+    log = server.log()
+    assert rc in (0, 130) and "Traceback" not in log and "Exception" not in log, log
+    # the only 5xx: the altered file's pull, answered 502 (test_a_failed_pull_ends_with_…)
+    assert all('"POST /api/pull HTTP/1.1" 502' in line for line in log.splitlines()
+               if re.search(r'HTTP/1\.1" 5\d\d', line)), log
 
 
 def names(client) -> set[str]:
@@ -191,3 +204,15 @@ def test_names_it_cannot_pull(site):
         names(client))
     status, _, data = request(server.port, "POST", "/api/pull", b'{"model": 5}')
     assert status == 400 and set(json.loads(data)) == {"error"}
+
+
+def test_a_failed_pull_ends_with_an_error(site):
+    hub, server, client, tmp = site
+    with pytest.raises(ollama.ResponseError) as e:
+        for _ in client.pull("hub-altered", stream=True):
+            pass
+    assert "sha256 mismatch" in e.value.error
+    with pytest.raises(ollama.ResponseError) as e:
+        client.pull("hub-altered", stream=False)
+    assert e.value.status_code == 502 and "sha256 mismatch" in e.value.error
+    assert partials(tmp) == [] and "hub-altered:latest" not in names(client)

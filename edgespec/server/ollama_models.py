@@ -142,13 +142,17 @@ class OllamaModelRoutes:
             yield {"status": "success"}
 
     async def _lines(self, target: Optional[Target]) -> AsyncIterator[bytes]:
+        """A streamed pull's NDJSON lines; a failure is the last line, as Ollama's."""
         try:
             async with contextlib.aclosing(self._statuses(target)) as statuses:
                 async for status in statuses:
                     yield _line(status)
-        except EdgespecError as e:
-            log.error("pulling %s failed: %s", target.name if target else "?", e)
-            yield _line({"error": failure(e).message})
+        except Exception as e:   # reported to the client, then logged
+            log.error("pulling %s failed: %s", target.name if target else "", e,
+                      exc_info=not isinstance(e, EdgespecError))
+            message = failure(e).message if isinstance(e, EdgespecError) else \
+                f"the pull failed: {e}"
+            yield _line({"error": message})
 
     async def _whole(self, request: Request, target: Optional[Target]) -> dict:
         """The last status of a pull not streamed; stopped if the client goes away."""
