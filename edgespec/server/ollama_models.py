@@ -190,7 +190,8 @@ class OllamaModelRoutes:
             except EdgespecError as e:
                 raise failure(e) from None
             files = {p.resolve() for p in plan.files}
-            if self.manager.default and _uses(self.manager.resolve(None), files):
+            started = self._started()
+            if started is not None and _uses(started, files):
                 raise APIError(400, f"'{name}' holds the files of the model this server was "
                                     "started with: stop the server to remove it with "
                                     "`edgespec rm`", param="model")
@@ -202,6 +203,13 @@ class OllamaModelRoutes:
             self.manager.rescan()
         log.info("deleted %s (%d bytes freed)", name, freed)
         return Response(status_code=200)
+
+    def _started(self) -> Optional[CatalogEntry]:
+        """The model the server was started with (its default), if it has one."""
+        try:
+            return self.manager.resolve(None)
+        except ModelNotFound:
+            return None
 
     async def copy(self, request: Request) -> Response:
         body = await read_json(request, self.max_body, any_type=True)
