@@ -237,7 +237,8 @@ class ModelConfig:
                    valid="an integer >= -1 (-1 = all layers)")
         _check_int("n_outputs_max", self.n_outputs_max, 1, 1 << 16,
                    valid="an integer in [1, 65536]")
-        _check_int("n_seq", self.n_seq, 1, 256, valid="an integer in [1, 256]")
+        _check_int("parallel", self.n_seq, 1, 64, valid="an integer in [1, 64] (generations "
+                   "at once)")
         if self.cpu_extra_buffers not in CPU_EXTRA_BUFFERS:
             raise InvalidParameterError("cpu_extra_buffers", self.cpu_extra_buffers,
                                         "'auto', 'on' or 'off'")

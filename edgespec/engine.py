@@ -142,9 +142,7 @@ class Engine:
             raise InvalidParameterError("drafter", drafter, "'ngram' or 'none' when no draft "
                                         "model is given (or pass draft=PATH)")
         rpc, draft_rpc = rpc_endpoints(rpc, draft_rpc)
-        if not isinstance(parallel, int) or isinstance(parallel, bool) or not 1 <= parallel <= 64:
-            raise InvalidParameterError("parallel", parallel, "an integer in [1, 64]")
-        if parallel > 1 and (rpc or draft_rpc):
+        if parallel != 1 and (rpc or draft_rpc):
             raise InvalidParameterError("parallel", parallel, "1 with RPC workers (a model on "
                                         "workers serves one generation at a time)")
         common = dict(n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads or default_threads(),
@@ -265,11 +263,9 @@ class Engine:
 
         ``raw=True`` sends text as-is; otherwise it is wrapped as a user message in the
         model's chat template. ``speculative=False`` decodes with the target alone.
-        ``constraint`` (a :class:`~edgespec.constraints.Constraint`) makes the output match a
-        JSON schema, a regex or a grammar; ``tools`` lets the model call functions
-        (``Generation.tool_calls``). Any thread may call it (generations take turns); a
-        generation stopped by :meth:`cancel` or :meth:`close` returns with ``finish_reason
-        "cancelled"``.
+        ``constraint`` makes the output match a JSON schema, a regex or a grammar; ``tools``
+        lets the model call functions. Any thread may call it; one stopped by :meth:`cancel`
+        or :meth:`close` returns with ``finish_reason "cancelled"``.
         """
         s = self.stream(prompt, **kwargs)
         for _ in s:
@@ -314,12 +310,15 @@ class Engine:
         job = Job(self._lanes, not_started(run))
         return Stream(job, run_generation(job, self._lanes, run, self.prompt_cache))
 
-    def astream(self, prompt: Prompt, **kwargs) -> AsyncStream:
-        """:meth:`stream` for asyncio: ``async for event in engine.astream(...)``.
+    def request_tokens(self, req: GenerationRequest) -> list[int]:
+        """The prompt tokens :meth:`submit` would generate ``req`` from (tools declared);
+        nothing is queued. What a server's token-counting endpoint answers."""
+        self._check_open()
+        return self._prompter.plan(req)[0]
 
-        Same arguments and errors (raised by this call). The generation runs in a thread of
-        its own so the event loop stays responsive; see :class:`~edgespec.streams.AsyncStream`.
-        """
+    def astream(self, prompt: Prompt, **kwargs) -> AsyncStream:
+        """:meth:`stream` for asyncio: ``async for event in engine.astream(...)``; the same
+        arguments and errors. It runs in a thread of its own (:class:`AsyncStream`)."""
         return AsyncStream(self.stream(prompt, **kwargs))
 
     def asubmit(self, req: GenerationRequest) -> AsyncStream:

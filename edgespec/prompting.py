@@ -16,7 +16,7 @@ from .constraints import Constraint, GrammarState, tokenizer_for
 from .errors import ContextOverflowError, InvalidParameterError
 from .lm import LoadedModel
 from .request import GenerationRequest, Prompt, Request, Speculation, check_limits
-from .tools import plan_request
+from .tools import ToolPlan, plan_request
 
 
 class Prompter:
@@ -39,23 +39,27 @@ class Prompter:
         call declared, and the grammar their calls follow), within ``n_ctx``."""
         stop = check_limits(req.max_tokens, req.stop, req.logprobs)
         constraint = req.constraint
-        plan = plan_request(req.prompt, req.tools, req.tool_choice,
-                            parallel=req.parallel_tool_calls,
-                            native_template=self.template.writes_tool_call_tags)
+        tokens, plan = self.plan(req)
         if plan is not None:
             if constraint is not None and plan.constraint is not None:
                 raise InvalidParameterError("constraint", "a Constraint", "None when tools "
                                             "may be called (tool_choice='none' allows one)")
             constraint = plan.constraint or constraint
-            tokens = self.tokens(plan.messages, tools=plan.template_tools, validated=True)
-        else:
-            tokens = self.tokens(req.prompt, raw=req.raw)
         if len(tokens) >= n_ctx:
             raise ContextOverflowError(len(tokens), n_ctx)
         return Request(tokens, req.max_tokens, sampling, stop=stop,
                        grammar=self.grammar(constraint), logprobs=req.logprobs,
                        finish=plan.finish if plan is not None else None,
                        speculation=speculation)
+
+    def plan(self, req: GenerationRequest) -> tuple[list[int], Optional[ToolPlan]]:
+        """``req``'s prompt tokens, and how it uses its tools (None: it has none)."""
+        plan = plan_request(req.prompt, req.tools, req.tool_choice,
+                            parallel=req.parallel_tool_calls,
+                            native_template=self.template.writes_tool_call_tags)
+        if plan is None:
+            return self.tokens(req.prompt, raw=req.raw), None
+        return self.tokens(plan.messages, tools=plan.template_tools, validated=True), plan
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         with self._life:

@@ -113,6 +113,20 @@ def wait_until(predicate, timeout: float) -> float:
     return time.monotonic() - t0
 
 
+def check_log(s: ServerProcess) -> None:
+    """No request answered 5xx, no traceback."""
+    log = s.log()
+    assert "Traceback" not in log and "Exception" not in log, log
+    assert not re.search(r'HTTP/1\.1" 5\d\d', log), log
+
+
+def stop_checked(s: ServerProcess) -> None:
+    """Stop ``s`` as Ctrl-C does; it exits cleanly, and its log has no 5xx or traceback."""
+    rc = s.stop()
+    assert rc in (0, 130), s.log()
+    check_log(s)
+
+
 def assert_openai_error(status: int, body: dict, expect_status: int, param=None, code=None):
     assert status == expect_status, body
     assert set(body) == {"error"}, body

@@ -134,6 +134,34 @@ def test_dropped_connection_later_resumes_with_a_range_request(fake_hub, big):
     assert second.headers.get("range") == f"bytes={chunk}-"  # resumed, not restarted
 
 
+def test_progress_is_reported_per_chunk_and_can_stop_the_transfer(fake_hub, tmp_path, big):
+    f, data, chunk = big
+    sha = hashlib.sha256(data).hexdigest()
+    seen: list[downloads.Progress] = []
+
+    def stop_in_the_middle(p: downloads.Progress) -> None:
+        seen.append(p)
+        if p.done > chunk:
+            raise downloads.DownloadCancelled("stopped")
+
+    with pytest.raises(downloads.DownloadCancelled):
+        hub.download(f, progress=stop_in_the_middle)
+    assert [p.done for p in seen] == [0, chunk, 2 * chunk]
+    assert all(p.total == len(data) and p.sha256 == sha for p in seen)
+    assert _partials(tmp_path) == [] and hub.cached_path(f) is None   # nothing half-written
+
+    seen.clear()
+    path = hub.download(f, progress=seen.append)            # a new transfer, whole
+    assert path.read_bytes() == data
+    assert [(p.done, p.verifying) for p in seen] == [
+        (0, False), (chunk, False), (2 * chunk, False), (len(data), False),
+        (len(data), True), (len(data), False)]
+    seen.clear()
+    assert hub.download(f, progress=seen.append) == path    # here: reported whole at once
+    assert [(p.file, p.done, p.total, p.sha256) for p in seen] == [
+        ("big.gguf", len(data), len(data), sha)]
+
+
 def _default_sigint() -> None:
     # A test run started in the background (`cmd &` in a script) ignores SIGINT, and its
     # children would inherit that: the pull would never see the Ctrl-C this file sends.

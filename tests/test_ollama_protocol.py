@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from json_paths import mutations, paths, replaced
 from ollama._client import _copy_messages, _copy_tools
 from ollama._types import (ChatRequest, ChatResponse, GenerateRequest, GenerateResponse,
                            ListResponse, Options, ProcessResponse, ResponseError, ShowResponse)
@@ -547,26 +548,6 @@ JUNK = [None, True, False, 0, -1, 1.5, -2.0, 10 ** 400, "", "x", "json", "5m", [
         float("inf"), {"$schema": 5, "type": 7}, [{"type": "function", "function": []}]]
 
 
-def paths(value, prefix=()):
-    """Every path into ``value`` (dict keys and list indices)."""
-    yield prefix
-    if isinstance(value, dict):
-        for k, v in value.items():
-            yield from paths(v, prefix + (k,))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            yield from paths(v, prefix + (i,))
-
-
-def replaced(value, path, new):
-    if not path:
-        return new
-    value = json.loads(json.dumps(value)) if isinstance(value, (dict, list)) else value
-    head, rest = path[0], path[1:]
-    value[head] = replaced(value[head], rest, new)
-    return value
-
-
 FULL_CHAT = {"model": "pair", "stream": False, "keep_alive": "5m", "think": False,
              "format": {"type": "object"}, "logprobs": True, "top_logprobs": 2,
              "truncate": True, "shift": False,
@@ -587,15 +568,13 @@ FULL_TOOLS = {"model": "pair", "messages": HI, "tools": [WEATHER]}
                                         (parse_ollama_generate, FULL_GENERATE)])
 def test_fuzz_only_api_errors(parse, body):
     assert parse(body, N_CTX)                  # the unmutated body is valid
-    rng = random.Random(7)
     tried = 0
-    for path in list(paths(body)):
-        for junk in rng.sample(JUNK, 8):
-            try:
-                parse(replaced(body, path, junk), N_CTX)
-            except APIError as e:
-                assert e.status == 400 and e.message and "\n" not in e.message
-            tried += 1
+    for mutated in mutations(body, JUNK, random.Random(7)):
+        try:
+            parse(mutated, N_CTX)
+        except APIError as e:
+            assert e.status == 400 and e.message and "\n" not in e.message
+        tried += 1
     for junk in JUNK:                          # junk options and fields, a junk body
         for mutated in ({**body, "options": {"temperature": junk}}, {**body, "extra": junk},
                         junk):

@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from conftest import require_tools
-from server_helpers import ServerProcess, health, post, request, sse
+from server_helpers import ServerProcess, health, post, request, sse, stop_checked
 
 KEY = "sk-test-0123456789"
 N_CTX = 1024
@@ -39,22 +39,13 @@ def greedy(n: int) -> dict:
     return {"temperature": 0, "num_predict": n}
 
 
-def check_log(s: ServerProcess) -> None:
-    """No request answered 5xx, no traceback."""
-    log = s.log()
-    assert "Traceback" not in log and "Exception" not in log, log
-    assert not re.search(r'HTTP/1\.1" 5\d\d', log), log
-
-
 @pytest.fixture(scope="module")
 def server(smollm2_f32_path, smollm2_q4_path):
     # A pinned draft length, so that every generation drafts (and the metrics have drafts).
     s = ServerProcess("--target", smollm2_f32_path, "--draft", smollm2_q4_path,
                       "--ctx-size", N_CTX, "--draft-max", 4, "--metrics")
     yield s
-    rc = s.stop()
-    assert rc in (0, 130), s.log()
-    check_log(s)
+    stop_checked(s)
 
 
 @pytest.fixture(scope="module")
@@ -468,9 +459,7 @@ def two(tmp_path_factory, smollm2_q4_path, smollm2_q2k_path):
                       "--model-alias", f"gpt-4o-mini={B}",
                       env={"EDGESPEC_MODELS": str(folder), "HF_HUB_CACHE": str(root / "hub")})
     yield s
-    rc = s.stop()
-    assert rc in (0, 130), s.log()
-    check_log(s)
+    stop_checked(s)
 
 
 def loaded_names(port: int) -> list[str]:

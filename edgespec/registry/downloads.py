@@ -11,7 +11,9 @@ import hashlib
 import os
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Optional
 
 from ..errors import EdgespecError
 
@@ -32,6 +34,38 @@ class ChecksumMismatchError(DownloadError):
 
 class NotEnoughDiskSpaceError(DownloadError):
     """The destination's filesystem cannot hold the file; nothing was downloaded."""
+
+
+class DownloadCancelled(DownloadError):
+    """A download's ``progress`` callable stopped it (its client went away): the partial
+    transfer was deleted, nothing was kept under a model's name, and files already fetched
+    stay (a later pull continues from them)."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How one file's download is going, as a download reports it to its ``progress``
+    callable: ``file`` (the file's name), ``sha256`` (the digest it must have; None while
+    unknown), ``done`` and ``total`` bytes (``total`` None when unknown) and ``verifying``
+    (every byte is here and its sha256 is being checked). The callable may raise
+    :class:`DownloadCancelled` to stop the download; it is called from the downloading
+    thread."""
+
+    file: str
+    sha256: Optional[str]
+    done: int
+    total: Optional[int]
+    verifying: bool = False
+
+
+ProgressSink = Optional[Callable[[Progress], None]]
+
+
+def report_present(progress: ProgressSink, path: Path, sha256: Optional[str] = None) -> None:
+    """Tell ``progress`` (if any) that ``path`` is here, whole and checked."""
+    if progress is not None:
+        size = path.stat().st_size
+        progress(Progress(path.name, sha256, size, size))
 
 
 def sha256_file(path: str | os.PathLike) -> str:

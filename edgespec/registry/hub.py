@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -35,15 +33,15 @@ from huggingface_hub.file_download import repo_folder_name
 from huggingface_hub.utils import tqdm as hf_tqdm
 
 from . import downloads, stamps
-from .downloads import (ChecksumMismatchError, DownloadError, check_hub_spec, human_size,
-                        sha256_file)
+from .downloads import (ChecksumMismatchError, DownloadError, Progress, ProgressSink,
+                        human_size, report_present, sha256_file)
+from .hub_file import SHA256_RE as _SHA256_RE
+from .hub_file import HubFile
 from .. import paths
 from ..errors import ModelNotFoundError
 
 log_ = logging.getLogger(__name__)
 
-COMMIT_RE = re.compile(r"[0-9a-f]{40}")
-_SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _TRUE = {"1", "on", "yes", "true"}
 STALE_PARTIAL_SECONDS = 600  # a partial blob untouched this long belongs to a dead process
 
@@ -53,47 +51,7 @@ def _quiet(_: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# What a hub file is, and where the environment says things live
-
-
-@dataclass(frozen=True)
-class HubFile:
-    """One file of a model repository at a revision; ``sha256``/``size`` are expected values
-    known in advance (from the registry), or None.
-
-    Construction refuses what could escape the cache or confuse the hub: repo ids that are not
-    ``owner/name``, file names with ``..``, empty parts, backslashes or a leading ``/``.
-    """
-
-    repo: str
-    filename: str
-    revision: str = "main"
-    sha256: Optional[str] = None
-    size: Optional[int] = None
-
-    def __post_init__(self):
-        check_hub_spec(self.repo, self.filename, self.revision)
-        if self.sha256 is not None and not _SHA256_RE.fullmatch(self.sha256.lower()):
-            raise DownloadError(f"{self}: expected sha256 must be 64 hex digits")
-
-    @classmethod
-    def parse(cls, spec: str, revision: Optional[str] = None) -> "HubFile":
-        """``OWNER/NAME/path/to/file.gguf`` (optionally ``...@REVISION``) -> HubFile."""
-        if "@" in spec and revision is None:
-            spec, revision = spec.rsplit("@", 1)
-        parts = spec.strip().split("/", 2)
-        if len(parts) < 3:
-            raise DownloadError(f"'{spec}' is not REPO_ID/FILENAME, e.g. "
-                                "Qwen/Qwen3-0.6B-GGUF/Qwen3-0.6B-Q8_0.gguf")
-        return cls(f"{parts[0]}/{parts[1]}", parts[2], revision or "main")
-
-    def __str__(self) -> str:
-        at = "" if self.revision == "main" else f"@{self.revision}"
-        return f"{self.repo}/{self.filename}{at}"
-
-    @property
-    def pinned(self) -> bool:
-        return bool(COMMIT_RE.fullmatch(self.revision))
+# Where the environment says things live
 
 
 def endpoint() -> str:
@@ -222,15 +180,46 @@ class _NoBar(hf_tqdm):
         super().__init__(*args, **kwargs)
 
 
+def _bar_class(show: bool, report: Optional[Callable[[int, Optional[int]], None]]):
+    """The progress bar class for one transfer (shown or not); with ``report``, each update
+    also calls ``report(bytes done, total)`` (which may raise to stop the transfer)."""
+    base = _Bar if show else _NoBar
+    if report is None:
+        return base
+
+    class _Reporting(base):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.done = kwargs.get("initial") or 0
+            report(self.done, kwargs.get("total"))
+
+        def update(self, n=1):
+            self.done += n
+            report(self.done, self.total)
+            return super().update(n)
+    return _Reporting
+
+
 def download(f: HubFile, *, require_commit: bool = False, show_progress: bool = False,
-             log: Callable[[str], None] = _quiet, pull_command: Optional[str] = None) -> Path:
+             log: Callable[[str], None] = _quiet, pull_command: Optional[str] = None,
+             progress: ProgressSink = None) -> Path:
     """Return the verified local path of ``f``, downloading it into the hub cache if needed.
 
     ``require_commit`` refuses revisions that are not 40-hex commit ids. Offline, only the
     cache is consulted; a file that is not there raises :class:`ModelNotFoundError` naming
     ``pull_command`` (default ``edgespec pull REPO_ID/FILENAME``). Not enough free disk space
     raises before any byte is transferred. Every failure is a one-line :class:`DownloadError`.
+    ``progress``: told how the transfer goes and when the sha256 is checked
+    (:class:`~.downloads.Progress`), and may stop it (the partial transfer is deleted).
     """
+    path = _download(f, require_commit, show_progress, log, pull_command, progress)
+    report_present(progress, path, stamps.stamped_sha256(path))
+    return path
+
+
+def _download(f: HubFile, require_commit: bool, show_progress: bool,
+              log: Callable[[str], None], pull_command: Optional[str],
+              progress: ProgressSink) -> Path:
     if require_commit and not f.pinned:
         raise DownloadError(f"{f}: revision '{f.revision}' is not a commit id; pinning needs a "
                             "40-hex commit id, not a branch or tag")
@@ -251,13 +240,19 @@ def download(f: HubFile, *, require_commit: bool = False, show_progress: bool = 
     if pointer.is_file() and stamps.stamped_sha256(pointer) == expected:
         return pointer  # this commit's file is cached and verified: nothing more to ask
     expected = _expected_sha256(f, meta)
-    path = _transfer(f, meta, show_progress, log)
+    name = f.filename.rsplit("/", 1)[-1]
+    report = None if progress is None else \
+        (lambda done, total: progress(Progress(name, expected, done, total or meta.size)))
+    path = _transfer(f, meta, _bar_class(show_progress, report), log)
     if expected is None:
         log_.warning("the hub gives no sha256 for %s (not an LFS file): only its size was "
                      "checked", f)
     stamped = stamps.stamped_sha256(path)  # set when this blob was verified before (another rev)
     if stamped is None or (expected and stamped != expected):
         log(f"verifying sha256 of {f.filename}…")
+        if progress is not None:
+            size = path.stat().st_size
+            progress(Progress(name, expected, size, size, verifying=True))
         _check_sha256(path, f, expected or "", "the registry" if f.sha256 else
                       "the hub's LFS metadata")
     return path
@@ -289,8 +284,9 @@ def _expected_sha256(f: HubFile, meta) -> Optional[str]:
     return (f.sha256 or hub_sha or "").lower() or None
 
 
-def _transfer(f: HubFile, meta, show_progress: bool, log: Callable[[str], None]) -> Path:
-    """Have the hub client fetch ``f`` into its cache, after the disk-space check."""
+def _transfer(f: HubFile, meta, bar, log: Callable[[str], None]) -> Path:
+    """Have the hub client fetch ``f`` into its cache, after the disk-space check; ``bar``:
+    the progress bar class it reports to."""
     blobs = _repo_dir(f) / "blobs"
     _sweep_stale_partials(blobs, meta.etag, log)
     if meta.size and not (blobs / meta.etag).exists():
@@ -298,7 +294,7 @@ def _transfer(f: HubFile, meta, show_progress: bool, log: Callable[[str], None])
         log(f"downloading {f} ({human_size(meta.size)}) from {endpoint()}")
     return Path(_call(f, "transfer", lambda: huggingface_hub.hf_hub_download(
         f.repo, f.filename, revision=f.revision, cache_dir=paths.hub_cache_dir(),
-        endpoint=endpoint(), tqdm_class=_Bar if show_progress else _NoBar)))
+        endpoint=endpoint(), tqdm_class=bar)))
 
 
 def _sweep_stale_partials(blobs: Path, etag: str, log: Callable[[str], None]) -> None:
@@ -377,11 +373,11 @@ def _explain(f: HubFile, stage: str, e: Exception) -> str:
 
 
 def download_model(entry, *, show_progress: bool = False, require_commit: bool = False,
-                   log: Callable[[str], None] = _quiet) -> Path:
+                   log: Callable[[str], None] = _quiet, progress: ProgressSink = None) -> Path:
     """:func:`download` for a registry :class:`~edgespec.registry.pairs.ModelEntry` of kind
     ``hub``."""
     return download(hub_file(entry), require_commit=require_commit, show_progress=show_progress,
-                    log=log, pull_command=f"edgespec pull {entry.name}")
+                    log=log, pull_command=f"edgespec pull {entry.name}", progress=progress)
 
 
 def hub_file(entry) -> HubFile:

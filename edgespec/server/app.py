@@ -1,16 +1,16 @@
-"""The ASGI application: OpenAI's and Ollama's endpoints over the models on this machine
-(Starlette, served by uvicorn).
+"""The ASGI application: OpenAI's, Ollama's and Anthropic's endpoints over the models on this
+machine (Starlette, served by uvicorn).
 
 Every request that generates names a model (``model``); the :class:`~.models.ModelManager`
 loads it on first use (its registered draft with it), unloads idle ones when its budget says
 so, and refuses a name that is not on disk with a 404 that names ``edgespec pull``: no request
-is answered by another model than it named (``--model-alias`` maps names explicitly). Both
-APIs go the same way: their routes (:mod:`.openai`, :mod:`.ollama`) check the body
-(:mod:`.protocol`, :mod:`.ollama_request`), and one path (:mod:`.generation`) leases the
-model, queues the generation on its Engine, frames the answer in the API's
-:class:`~.framing.Framing` (OpenAI's server-sent events, Ollama's NDJSON) and counts the
-figures (:mod:`.metrics`, with ``--metrics``). This module wires the routes, the guards and
-the error handlers.
+is answered by another model than it named (``--model-alias`` maps names explicitly). The
+APIs go the same way: their routes (:mod:`.openai`, :mod:`.ollama`, :mod:`.anthropic`) check
+the body (:mod:`.protocol`, :mod:`.ollama_request`, :mod:`.anthropic_request`), and one path
+(:mod:`.generation`) leases the model, queues the generation on its Engine, frames the answer
+in the API's :class:`~.framing.Framing` (OpenAI's server-sent events, Ollama's NDJSON,
+Anthropic's named events) and counts the figures (:mod:`.metrics`, with ``--metrics``).
+This module wires the routes, the guards and the error handlers.
 
 Requests queue for an Engine (first come, first served; one generation at a time) while the
 event loop stays free: each generation runs in a thread of its own
@@ -22,7 +22,8 @@ generation stops within one decoding step.
 ``GET /`` is a chat page (:mod:`.page`) that uses the OpenAI endpoints and shows how
 speculation did from the stream's ``edgespec`` fields.
 
-Guards, before any endpoint: a request without the API key (when there is one) gets 401,
+Guards, before any endpoint: a request without the API key (when there is one: as a bearer
+token, or as ``x-api-key``, which Anthropic's clients send) gets 401,
 except for ``/health`` and the page's files, which hold no secret (the page asks for the key
 when the API answers 401); with no key, only loopback ``Host`` names are served (so a web
 page cannot reach the server through DNS rebinding), and OpenAI bodies must be sent as
@@ -32,7 +33,8 @@ Ollama's clients (and its documentation's ``curl -d``) send JSON without that he
 carries ``Origin``) is served only from an origin ``cors_origins`` names. No CORS headers
 are sent unless ``cors_origins`` names origins, and never with credentials. Errors come in
 the shape of the API asked: OpenAI's ``{"error": {"message", "type", "param", "code"}}``,
-Ollama's ``{"error": message}``.
+Ollama's ``{"error": message}``, Anthropic's ``{"type": "error", "error": {"type",
+"message"}}``.
 """
 
 from __future__ import annotations
@@ -52,10 +54,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from . import page
+from .anthropic import AnthropicRoutes, is_anthropic
+from .anthropic_replies import anthropic_error
 from .generation import GenerationPath
 from ..catalogue import entry_for
 from .models import ModelManager
 from .ollama import OllamaRoutes
+from .ollama_models import OllamaModelRoutes
 from .ollama_replies import ollama_error_body
 from .openai import OpenAIRoutes
 from .wire import APIError
@@ -73,8 +78,12 @@ def is_ollama(path: str) -> bool:
 def error_response(err: APIError, path: str = "") -> JSONResponse:
     """``err`` in the shape of the API ``path`` belongs to."""
     headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
-    body = ollama_error_body(err) if is_ollama(path) else err.body()
-    return JSONResponse(body, status_code=err.status, headers=headers)
+    status, body = err.status, err.body()
+    if is_ollama(path):
+        body = ollama_error_body(err)
+    elif is_anthropic(path):
+        status, body = anthropic_error(err)
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -120,10 +129,14 @@ class Guard:
                                      f"127.0.0.1 or localhost, not {host!r} (start it with "
                                      "--api-key to serve other names)", code="invalid_host")
         if self.api_key is not None and needs_key(path):
-            scheme, _, given = headers.get("authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not given:
+            given = headers.get("x-api-key", "")      # Anthropic's clients send it so
+            if not given.strip():
+                scheme, _, given = headers.get("authorization", "").partition(" ")
+                given = given if scheme.lower() == "bearer" else ""
+            if not given.strip():
                 return APIError(401, "missing API key: send the header 'Authorization: "
-                                     "Bearer KEY'", code="invalid_api_key")
+                                     "Bearer KEY' (or 'x-api-key: KEY')",
+                                code="invalid_api_key")
             if not hmac.compare_digest(given.strip().encode(), self.api_key):
                 return APIError(401, "incorrect API key", code="invalid_api_key")
         return None
@@ -210,8 +223,8 @@ async def _api_error(request: Request, exc: APIError) -> Response:
 async def _http_error(request: Request, exc: HTTPException) -> Response:
     path = request.url.path
     if exc.status_code == 404:
-        hint = (" (edgespec serves /api/chat, /api/generate, /api/tags, /api/show, /api/ps "
-                "and /api/version; models come from `edgespec pull`)") if is_ollama(path) else ""
+        hint = (" (edgespec serves /api/chat, /api/generate, /api/tags, /api/show, /api/ps, "
+                "/api/version, /api/pull, /api/delete and /api/copy)") if is_ollama(path) else ""
         return error_response(APIError(404, f"no such endpoint: {request.method} "
                                             f"{path}{hint}", code="unknown_url"), path)
     if exc.status_code == 405:
@@ -263,6 +276,8 @@ def create_app(engine=None, *, model_id: Optional[str] = None,
         Route("/health", health_endpoint(manager), methods=["GET"]),
         *OpenAIRoutes(path, n_ctx, max_body).routes(),
         *OllamaRoutes(path, n_ctx, max_body).routes(),
+        *AnthropicRoutes(path, n_ctx, max_body).routes(),
+        *OllamaModelRoutes(path, max_body).routes(),
     ]
     if metrics is not None:
         routes.append(Route("/metrics", metrics_endpoint(metrics), methods=["GET"]))
@@ -273,8 +288,10 @@ def create_app(engine=None, *, model_id: Optional[str] = None,
                                      routes=[r.path for r in routes]))
     if cors_origins:
         middleware.append(Middleware(CORSMiddleware, allow_origins=list(cors_origins),
-                                     allow_methods=["GET", "POST"],
-                                     allow_headers=["Authorization", "Content-Type"],
+                                     allow_methods=["GET", "POST", "DELETE"],
+                                     allow_headers=["Authorization", "Content-Type",
+                                                    "x-api-key", "anthropic-version",
+                                                    "anthropic-beta"],
                                      allow_credentials=False))
     middleware.append(Middleware(Guard, api_key=api_key, allowed_hosts=allowed_hosts))
     middleware.append(Middleware(OriginGuard, origins=cors_origins))

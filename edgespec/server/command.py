@@ -26,9 +26,10 @@ def build_serve_parser(sub) -> None:
     p = sub.add_parser(
         "serve", help="an OpenAI- and Ollama-compatible HTTP server for local apps",
         description="Serve the models on this machine over OpenAI's HTTP API "
-                    "(/v1/chat/completions, /v1/completions, /v1/models) and Ollama's "
+                    "(/v1/chat/completions, /v1/completions, /v1/models), Ollama's "
                     "(/api/chat, /api/generate, /api/tags, /api/show, /api/ps, "
-                    "/api/version), plus /health and, with --metrics, /metrics. The pair "
+                    "/api/version, /api/pull, /api/delete, /api/copy) and Anthropic's "
+                    "(/v1/messages), plus /health and, with --metrics, /metrics. The pair "
                     "given is loaded at start; a request naming another model on disk loads "
                     "it. For apps that speak only Ollama's API: --port 11434.")
     p.add_argument("--host", default="127.0.0.1",

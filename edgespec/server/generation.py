@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import AsyncIterator, Optional
+from typing import AsyncIterator, Callable, Optional, TypeVar
 
 import anyio
 from starlette.concurrency import run_in_threadpool
@@ -30,6 +30,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from ..errors import (ConstraintError, ContextOverflowError, EdgespecError, EngineClosedError,
                       InvalidParameterError, MemoryBudgetError, PromptTooLargeError,
                       TemplateError, TemplateRefused)
+from ..request import GenerationRequest
 from ..streams import AsyncStream
 from .framing import Framing
 from ..catalogue import CatalogEntry, ModelNotFound
@@ -39,6 +40,7 @@ from .wire import APIError, APIRequest
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -143,7 +145,7 @@ class GenerationPath:
                       req: APIRequest, framing: Framing, timing: Timing) -> Response:
         """Generate ``req`` on the leased model and answer it in ``framing``: a stream when
         it asked for one (which takes the lease over from ``leases``), else the whole body."""
-        gen = await run_in_threadpool(self._start, lease.engine, req)
+        gen = await run_in_threadpool(_mapped, lease.engine.asubmit, req)
         endpoint = request.url.path
         if req.stream:
             frames = self._frames(gen, framing, req.holds_answer, lease.name, endpoint, timing)
@@ -157,14 +159,10 @@ class GenerationPath:
         return JSONResponse(framing.body(result))
 
     @staticmethod
-    def _start(engine, req: APIRequest) -> AsyncStream:
-        try:
-            return engine.asubmit(req.generation)
-        except EdgespecError as e:
-            err = api_error(e, req)
-            if err is None:
-                raise
-            raise err from None
+    async def prompt_tokens(lease: Lease, req: APIRequest) -> list[int]:
+        """The prompt tokens ``req`` would be generated from on the leased model (tokenized
+        in a worker thread; nothing is queued)."""
+        return await run_in_threadpool(_mapped, lease.engine.request_tokens, req)
 
     async def _frames(self, gen: AsyncStream, framing: Framing, held: bool, model: str,
                       endpoint: str, timing: Timing) -> AsyncIterator[bytes]:
@@ -209,6 +207,18 @@ class GenerationPath:
         if self.metrics is not None:
             self.metrics.generation_done(model, endpoint, result.stats, timing.ttft,
                                          timing.gaps, result.finish_reason)
+
+
+def _mapped(call: Callable[[GenerationRequest], T], req: APIRequest) -> T:
+    """``call(req.generation)``, its errors raised as the HTTP errors they mean
+    (:func:`api_error`; the others as they are)."""
+    try:
+        return call(req.generation)
+    except EdgespecError as e:
+        err = api_error(e, req)
+        if err is None:
+            raise
+        raise err from None
 
 
 async def guarded(frames: AsyncIterator[bytes], gen: AsyncStream,

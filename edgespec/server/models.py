@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import time
@@ -69,6 +70,8 @@ class ModelManager:
         self._load = load
         self.keep_alive = keep_alive
         self._aliases = dict(aliases)
+        self._copies: set[str] = set()                  # aliases listed as models
+        self._added: dict[str, CatalogEntry] = {}       # entries not on the catalogue
         self._n_ctx = n_ctx or 0
         self._catalog: dict[str, CatalogEntry] = {}
         self._scanned_at = -math.inf
@@ -95,14 +98,18 @@ class ModelManager:
     def _entries(self, fresh: bool = False) -> dict[str, CatalogEntry]:
         now = time.monotonic()
         if fresh or now - self._scanned_at > CATALOG_TTL:
-            self._catalog = self._scan()
+            self._catalog = {**self._scan(), **{n: e for n, e in self._added.items()
+                                                 if e.target.is_file()}}
             self._scanned_at = now
         return self._catalog
 
     def listing(self) -> list[CatalogEntry]:
         """Every model on disk, by name (the disk re-scanned at most every ``CATALOG_TTL``
-        seconds)."""
-        return sorted(self._entries().values(), key=lambda e: e.name)
+        seconds), and the copies :meth:`add_alias` made, under their own names."""
+        entries = self._entries()
+        copies = [dataclasses.replace(e, name=alias) for alias in self._copies
+                  if (e := find_entry(entries, self._aliases[alias])) is not None]
+        return sorted([*entries.values(), *copies], key=lambda e: e.name)
 
     def _asked(self, name: Optional[str]) -> str:
         """The name a request means: the default for none, an alias's model ("" if none)."""
@@ -124,6 +131,40 @@ class ModelManager:
 
     def _not_found(self, name: str) -> ModelNotFound:
         return ModelNotFound(name, [e.name for e in self.listing()], paths.models_dir())
+
+    # -- names added while serving (Ollama's /api/pull and /api/copy) ---------------------
+
+    def rescan(self) -> None:
+        """Read the disk again at the next look (a pull or a delete just changed it)."""
+        self._scanned_at = -math.inf
+
+    def add_entry(self, entry: CatalogEntry) -> None:
+        """Serve ``entry``, a file the catalogue does not list (a hub file pulled by its
+        repository and name), under its name until the server stops or :meth:`forget`."""
+        self._added[entry.name] = entry
+        self.rescan()
+
+    def add_alias(self, alias: str, name: str) -> None:
+        """Answer requests naming ``alias`` with the model ``name`` names, and list it under
+        ``alias`` (Ollama's copy), until the server stops or :meth:`forget`."""
+        self._aliases[tagless(alias)] = name
+        self._copies.add(tagless(alias))
+
+    def forget(self, name: str) -> bool:
+        """Stop serving a name :meth:`add_entry` or :meth:`add_alias` added (the files stay);
+        False when ``name`` is neither."""
+        bare = tagless(name)
+        if bare in self._copies:
+            self._copies.discard(bare)
+            del self._aliases[bare]
+            return True
+        if self._added.pop(name, None) is None:
+            return False
+        self.rescan()
+        return True
+
+    def is_copy(self, name: str) -> bool:
+        return tagless(name) in self._copies
 
     # -- what is loaded -------------------------------------------------------------------
 

@@ -11,7 +11,6 @@ model, and with ``keep_alive: 0`` unloads it, as Ollama's API does.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 from typing import Optional, Sequence
@@ -29,7 +28,7 @@ from .generation import GenerationPath, Timing
 from .ollama_replies import (OllamaReply, ollama_error_body, ps_body, show_body, tags_body,
                              version_body)
 from .ollama_request import OllamaRequest, parse_ollama_chat, parse_ollama_generate
-from .wire import APIError
+from .wire import APIError, fit_parallel
 
 log = logging.getLogger(__name__)
 
@@ -142,12 +141,7 @@ class OllamaRoutes:
             reply = OllamaReply(kind, oreq.model, lease.engine.target.token_bytes)
             if oreq.load_only:
                 return JSONResponse(reply.loaded())
-            req = oreq.gen
-            if req.parallel_tool_calls and not lease.engine.template.writes_tool_call_tags:
-                # Several calls only where the template writes call tags: in the generic JSON
-                # format small models repeat one call until num_predict (docs/decisions.md)
-                req = dataclasses.replace(req, generation=dataclasses.replace(
-                    req.generation, parallel_tool_calls=False))
+            req = fit_parallel(oreq.gen, lease.engine.template.writes_tool_call_tags)
             framing = OllamaFraming(reply, timing, lease.load_seconds)
             return await self.path.respond(request, leases, lease, req, framing, timing)
 

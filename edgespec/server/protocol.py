@@ -25,7 +25,7 @@ from ..errors import ConstraintError, InvalidParameterError
 from ..request import GenerationRequest
 from ..tools import Tool, parse_choice, parse_tools
 from .wire import (APIError, APIRequest, check_size, invalid, is_int, is_number, refuse_unknown,
-                   unsupported)
+                   message_list, sampling_params, unsupported)
 
 TEMPERATURE_MAX = 2.0          # OpenAI's range; the engine itself allows more
 MAX_STOP_STRINGS = 4
@@ -142,15 +142,9 @@ def _sampling(body: dict) -> SamplingParams:
                 raise invalid(name, value, "an integer", code="invalid_type")
         elif not is_number(value):
             raise invalid(name, value, "a number", code="invalid_type")
-    t = values.get("temperature")
-    if t is not None and not 0 <= t <= TEMPERATURE_MAX:
-        raise invalid("temperature", t, f"a number in [0, {TEMPERATURE_MAX:g}] (0 = greedy)")
     if "seed" in values:
         values["seed"] %= 2 ** 64       # OpenAI takes any 64-bit integer, negative ones too
-    try:
-        return SamplingParams(**values)
-    except InvalidParameterError as e:
-        raise APIError(400, str(e), param=e.name, code="invalid_value") from None
+    return sampling_params(values, TEMPERATURE_MAX)
 
 
 def _stop(body: dict) -> tuple:
@@ -259,13 +253,7 @@ def parse_chat(body: Any, n_ctx: int) -> APIRequest:
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object", code="invalid_json")
     refuse_unknown(body, CHAT_FIELDS)
-    messages = body.get("messages")
-    if messages is None:
-        raise APIError(400, "messages is required: a non-empty list of {role, content} "
-                            "objects", param="messages", code="missing_required_parameter")
-    if not isinstance(messages, list) or not messages:
-        raise invalid("messages", messages, "a non-empty list of {role, content} objects")
-    prompt = [_message(i, m) for i, m in enumerate(messages)]
+    prompt = [_message(i, m) for i, m in enumerate(message_list(body))]
     check_size(sum(len(m["content"]) for m in prompt), n_ctx, "messages")
     return _common(body, "chat", prompt, n_ctx, default_max=n_ctx)
 

@@ -10,10 +10,12 @@ Messages reuse the engine's wording (:class:`~edgespec.errors.InvalidParameterEr
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ..config import SamplingParams
 from ..errors import InvalidParameterError
 from ..request import GenerationRequest
 
@@ -73,6 +75,28 @@ class APIRequest:
         return bool(self.tools) and self.tool_choice != "none"
 
 
+def fit_parallel(req: APIRequest, native_template: bool) -> APIRequest:
+    """``req`` allowing several tool calls in one answer only where the model's template
+    writes call tags (``native_template``): in the generic JSON format small models repeat
+    one call until the budget ends (docs/decisions.md)."""
+    if not req.parallel_tool_calls or native_template:
+        return req
+    return dataclasses.replace(req, generation=dataclasses.replace(req.generation,
+                                                                   parallel_tool_calls=False))
+
+
+def sampling_params(values: dict, temperature_max: float) -> SamplingParams:
+    """``values`` (checked JSON numbers) as SamplingParams, the temperature within the API's
+    range [0, ``temperature_max``]; a bad value is a 400 naming it."""
+    t = values.get("temperature")
+    if t is not None and not 0 <= t <= temperature_max:
+        raise invalid("temperature", t, f"a number in [0, {temperature_max:g}] (0 = greedy)")
+    try:
+        return SamplingParams(**values)
+    except InvalidParameterError as e:
+        raise APIError(400, str(e), param=e.name, code="invalid_value") from None
+
+
 def invalid(name: str, value: Any, valid: str, code: str = "invalid_value") -> APIError:
     return APIError(400, str(InvalidParameterError(name, value, valid)), param=name, code=code)
 
@@ -82,14 +106,26 @@ def unsupported(name: str, what: str) -> APIError:
                     code="unsupported_parameter")
 
 
-def refuse_unknown(body: dict, allowed: set, what: str = "parameter") -> None:
+def refuse_unknown(body: dict, allowed: set, what: str = "parameter", where: str = "") -> None:
     """An APIError for the first field of ``body`` not in ``allowed`` (``what``: the word
-    for a field in the message)."""
+    for a field in the message; ``where``: the path of ``body`` in the request)."""
     for name in body:
         if name not in allowed:
-            raise APIError(400, f"unknown {what} {name!r}: edgespec does not know it (see "
+            full = f"{where}.{name}" if where else name
+            raise APIError(400, f"unknown {what} {full!r}: edgespec does not know it (see "
                                 "docs/api.md for the supported fields)",
-                           param=name, code="unknown_parameter")
+                           param=full, code="unknown_parameter")
+
+
+def message_list(body: dict) -> list:
+    """``body["messages"]``: a non-empty list (its items are the caller's to check)."""
+    messages = body.get("messages")
+    if messages is None:
+        raise APIError(400, "messages is required: a non-empty list of {role, content} "
+                            "objects", param="messages", code="missing_required_parameter")
+    if not isinstance(messages, list) or not messages:
+        raise invalid("messages", messages, "a non-empty list of {role, content} objects")
+    return messages
 
 
 def check_size(n_chars: int, n_ctx: int, param: str) -> None:
