@@ -40,6 +40,7 @@ from .prompt_cache import PromptCache
 from .request import GenerationRequest, Prompt, Request, check_limits
 from .results import Generation
 from .streams import AsyncStream, Job, Stream, Turnstile
+from .thinking import reads_thinking, separates, template_variables
 from .threads import govern
 from .tools import plan_request
 
@@ -189,7 +190,7 @@ class Engine:
                     "draft": self.draft.describe() if self.draft else None,
                     **self._drafting.describe(),
                     "backend": placement(backend_info()["backend"], self.target, self.draft),
-                    "chat_template": "fallback (ChatML)" if self.template.is_fallback else "model"}
+                    "chat_template": self.template.label}
 
     def set_threads(self, n_threads: Optional[int]) -> None:
         """Pin both models to ``n_threads`` CPU threads, or (``None``) let each follow the
@@ -242,17 +243,26 @@ class Engine:
             return self.target.tokenize(text, add_special=add_special, parse_special=True)
 
     def prompt_tokens(self, prompt: Prompt, raw: bool = False,
-                      tools: Optional[list[dict]] = None, _validated: bool = False) -> list[int]:
+                      tools: Optional[list[dict]] = None, _validated: bool = False,
+                      think: Any = None) -> list[int]:
         """The exact tokens both models will see for ``prompt`` (``tools``: declared to a
-        template that reads them)."""
+        template that reads them; ``think``: thinking on or off, :mod:`edgespec.thinking`)."""
+        return self._tokens(self.prompt_text(prompt, raw, tools, _validated, think), prompt)
+
+    def prompt_text(self, prompt: Prompt, raw: bool = False,
+                    tools: Optional[list[dict]] = None, _validated: bool = False,
+                    think: Any = None) -> str:
+        """The text :meth:`prompt_tokens` tokenizes: ``prompt`` as-is (``raw``), else in the
+        model's chat template."""
         if isinstance(prompt, str) and raw:
-            text = prompt
-        else:
-            messages = ([{"role": "user", "content": prompt}] if isinstance(prompt, str)
-                        else prompt if _validated else validate_messages(prompt))
-            with self._life:   # one render at a time: the sandbox's deadline is shared state
-                text = self.template.render(messages, add_generation_prompt=True, tools=tools,
-                                            validate=False)
+            return prompt
+        messages = ([{"role": "user", "content": prompt}] if isinstance(prompt, str)
+                    else prompt if _validated else validate_messages(prompt))
+        with self._life:   # one render at a time: the sandbox's deadline is shared state
+            return self.template.render(messages, add_generation_prompt=True, tools=tools,
+                                        validate=False, variables=template_variables(think))
+
+    def _tokens(self, text: str, prompt: Prompt) -> list[int]:
         tokens = self.tokenize(text)
         bos = self.target.vocab.bos
         if len(tokens) >= 2 and tokens[0] == tokens[1] == bos:
@@ -289,7 +299,7 @@ class Engine:
                raw: bool = False, stop: Sequence[str] = (),
                constraint: Optional[Constraint] = None, tools: Optional[Sequence] = None,
                tool_choice: Any = None, parallel_tool_calls: bool = False,
-               logprobs: Optional[int] = None) -> Stream:
+               logprobs: Optional[int] = None, think: Any = None) -> Stream:
         """Like :meth:`generate`, streaming :class:`StreamEvent` objects as tokens commit.
 
         ``tools``: functions the model may call (OpenAI's shape, or :class:`~edgespec.tools.
@@ -297,7 +307,11 @@ class Engine:
         name; ``parallel_tool_calls=True``: several calls in one answer (off by default).
         With tools the events carry the raw output; the result's ``text`` and
         ``tool_calls`` are what it means. ``logprobs``: give ``Generation.logprobs``, with
-        this many alternatives per token (0: the chosen token's only).
+        this many alternatives per token (0: the chosen token's only). ``think``: a thinking
+        model's reasoning on (True, or ``"low"``/``"medium"``/``"high"``) or off (False);
+        None leaves it to its chat template. A thinking model's events carry its reasoning
+        in ``thinking`` and its answer in ``text``, as the result does
+        (:mod:`edgespec.thinking`); a constraint shapes the answer.
 
         Arguments are checked and the prompt tokenized here (errors are raised by this call);
         the generation waits for its turn when the stream is first advanced. See
@@ -306,7 +320,7 @@ class Engine:
         return self.submit(GenerationRequest(
             prompt, max_tokens=max_tokens, sampling=sampling, speculative=speculative, raw=raw,
             stop=stop, constraint=constraint, tools=tools, tool_choice=tool_choice,
-            parallel_tool_calls=parallel_tool_calls, logprobs=logprobs))
+            parallel_tool_calls=parallel_tool_calls, logprobs=logprobs, think=think))
 
     def submit(self, req: GenerationRequest) -> Stream:
         """:meth:`stream` for a request built beforehand (a server's parsed body): the same
@@ -315,6 +329,8 @@ class Engine:
         sampling = req.sampling if req.sampling is not None else SamplingParams()
         constraint = req.constraint
         self._check_open()
+        mode = separates(self.template.thinking, req.think, raw=isinstance(req.prompt, str)
+                         and req.raw)
         plan = plan_request(req.prompt, req.tools, req.tool_choice,
                             parallel=req.parallel_tool_calls,
                             native_template=self.template.writes_tool_call_tags)
@@ -323,20 +339,23 @@ class Engine:
                 raise InvalidParameterError("constraint", "a Constraint", "None when tools "
                                             "may be called (tool_choice='none' allows one)")
             constraint = plan.constraint or constraint
-            tokens = self.prompt_tokens(plan.messages, tools=plan.template_tools,
-                                        _validated=True)
+            text = self.prompt_text(plan.messages, tools=plan.template_tools, _validated=True,
+                                    think=req.think)
         else:
-            tokens = self.prompt_tokens(req.prompt, raw=req.raw)
+            text = self.prompt_text(req.prompt, raw=req.raw, think=req.think)
+        tokens = self._tokens(text, req.prompt)
         if len(tokens) >= self.n_ctx:
             raise ContextOverflowError(len(tokens), self.n_ctx)
+        thinking, constraint, finish = reads_thinking(
+            mode, text, constraint, plan.finish if plan is not None else None,
+            lambda tag, special: self.target.tokenize(tag, False, special))
         run = Request(tokens, req.max_tokens, sampling, stop=stop,
-                      grammar=self._grammar(constraint), logprobs=req.logprobs,
-                      finish=plan.finish if plan is not None else None,
+                      grammar=self._grammar(constraint), logprobs=req.logprobs, finish=finish,
                       speculation=(self._drafting.speculation(sampling) if req.speculative
                                    else None))
         job = Job(self._turnstile, not_started(run))
-        return Stream(job, run_generation(job, self._turnstile, self.target, run,
-                                          self.prompt_cache))
+        events = run_generation(job, self._turnstile, self.target, run, self.prompt_cache)
+        return Stream(job, thinking.events(events) if thinking is not None else events)
 
     def _grammar(self, constraint: Optional[Constraint]) -> Optional[GrammarState]:
         """A constraint's state over the target's vocabulary, for one generation (the grammar
