@@ -29,6 +29,7 @@ from .errors import EdgespecError, ModelLoadError, ModelNotFoundError
 from .gguf_file import check_causal_lm, read_gguf
 from .registry import model_path, registry
 from .registry.pairs import is_present
+from .thinking import thinking_mode
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,9 @@ class CatalogEntry:
     name, paths, size and mtime, stable while the files are unchanged; it is NOT a hash of the
     files' bytes (hashing gigabytes on every listing would take minutes).
     ``kv_bytes_per_token``: what one token of context costs in the KV caches of the target and
-    the draft (0 when the headers do not say).
+    the draft (0 when the headers do not say). ``n_ctx_train``: the context the target was
+    trained with (0: not said); ``has_template``: its file carries a chat template;
+    ``thinks``: that template has a thinking mode (:func:`edgespec.thinking.thinking_mode`).
     """
 
     name: str
@@ -71,6 +74,9 @@ class CatalogEntry:
     details: dict
     digest: str
     kv_bytes_per_token: int = 0
+    n_ctx_train: int = 0
+    has_template: bool = True
+    thinks: bool = False
 
     def memory(self, n_ctx: int) -> int:
         """The memory this model takes loaded with a context of ``n_ctx`` tokens: its files
@@ -87,6 +93,9 @@ class _Header:
     parameter_size: str
     quantization_level: str
     kv_bytes_per_token: int
+    n_ctx_train: int
+    has_template: bool
+    thinks: bool
 
 
 def _count(n: float) -> str:
@@ -124,8 +133,11 @@ def _parse_header(path: Path) -> _Header:
         label = _count(sum(math.prod(dims) for dims, *_ in info.tensors.values()))
     ftype = md.get("general.file_type")
     quant = FILE_TYPES.get(ftype, f"type {ftype}") if isinstance(ftype, int) else "unknown"
-    return _Header(info.architecture, label, quant,
-                   _kv_bytes_per_token(md, info.architecture))
+    trained = md.get(f"{info.architecture}.context_length")
+    template = info.chat_template
+    return _Header(info.architecture, label, quant, _kv_bytes_per_token(md, info.architecture),
+                   trained if isinstance(trained, int) and not isinstance(trained, bool) else 0,
+                   bool(template), thinking_mode(template) is not None)
 
 
 # Headers read, by (path, size, mtime_ns): a re-scan reads only new or changed files.
@@ -172,7 +184,8 @@ def entry_for(name: str, target: Union[str, Path], draft: Union[str, Path, None]
     digest = hashlib.sha256("\0".join((name, str(t), str(d or ""), str(size), repr(mtime))
                                       ).encode()).hexdigest()
     return CatalogEntry(name, t, d, kind or ("pair" if d is not None else "gguf"), size, mtime,
-                        details, digest, kv)
+                        details, digest, kv, header.n_ctx_train, header.has_template,
+                        header.thinks)
 
 
 @functools.lru_cache(maxsize=256)

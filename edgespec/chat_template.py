@@ -6,6 +6,11 @@ rendering it without one), and under limits: template size, output size and wall
 at every call, attribute access, arithmetic operator and output chunk. A template that breaks a
 rule or fails to render is replaced by the ChatML fallback with a warning, so a hostile file
 can neither run code nor hang the program.
+
+A model without a template (a base model, such as Gemma-3-270M) is never given ChatML markup
+it did not declare: its messages are sent as plain text (:data:`PLAIN`), their contents one
+after another with a blank line between them, so that it continues the text; one user
+message is sent exactly as written, as ``edgespec run`` sends a prompt.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
 from .errors import InvalidParameterError, PromptTooLargeError, TemplateError, TemplateRefused
+from .thinking import thinking_mode
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +42,11 @@ CHATML = ("{% for message in messages %}"
           "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
           "{% endfor %}"
           "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+# A model without a template: the contents as plain text, for the model to continue.
+PLAIN = ("{% for message in messages %}{% if not loop.first %}{{ '\n\n' }}{% endif %}"
+         "{{ message['content'] }}{% endfor %}")
+# What renders a model's messages (ChatTemplate.label), as replies and listings say it
+LABELS = {"model": "model", "plain": "none (plain text)", "chatml": "fallback (ChatML)"}
 
 
 def validate_messages(messages: Any) -> list[dict]:
@@ -185,11 +196,19 @@ class ChatTemplate:
             except jinja2.TemplateError as e:
                 self.fallback_reason = f"its chat template does not compile ({e})"
         if self.fallback_reason:
-            self._template = self.env.from_string(CHATML)
+            self._template = self.env.from_string(CHATML if source is not None else PLAIN)
+        self.thinking = thinking_mode(source) if not self.fallback_reason else None
 
     @property
     def is_fallback(self) -> bool:
         return self.fallback_reason is not None
+
+    @property
+    def label(self) -> str:
+        """What renders the messages: ``"model"`` (its own template), ``"none (plain text)"``
+        (it has none: :data:`PLAIN`) or ``"fallback (ChatML)"`` (its template failed)."""
+        return LABELS["model" if not self.is_fallback else
+                      "plain" if self.source is None else "chatml"]
 
     @property
     def supports_tools(self) -> bool:
@@ -202,11 +221,13 @@ class ChatTemplate:
         return self.supports_tools and "<tool_call>" in (self.source or "")
 
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
-               tools: Optional[list[dict]] = None, validate: bool = True) -> str:
+               tools: Optional[list[dict]] = None, validate: bool = True,
+               variables: Mapping[str, Any] = {}) -> str:
         """The prompt text for ``messages`` ending with the assistant's cue; ``tools``
         (OpenAI's shape) go to templates that declare them. ``validate=False``: the messages
         were checked with :func:`validate_messages` already (and may have been prepared for
-        the template since)."""
+        the template since). ``variables``: more for the template to read (``enable_thinking``
+        …: :func:`edgespec.thinking.template_variables`)."""
         msgs = _as_templates_read_them(validate_messages(messages) if validate else messages)
         size = sum(len(m["content"]) for m in msgs)
         if size > MAX_INPUT_CHARS:
@@ -215,7 +236,7 @@ class ChatTemplate:
             raise PromptTooLargeError(f"the conversation is {size} characters; the most one "
                                       f"prompt may hold is {MAX_INPUT_CHARS}")
         try:
-            return self._render(self._template, msgs, add_generation_prompt, tools)
+            return self._render(self._template, msgs, add_generation_prompt, tools, variables)
         except (TemplateError, SecurityError, jinja2.TemplateError, TypeError, ValueError,
                 AttributeError, KeyError, IndexError, RecursionError, OverflowError) as e:
             if self.is_fallback:
@@ -224,14 +245,16 @@ class ChatTemplate:
             log.warning("chat template of this model failed (%s); using the ChatML fallback", e)
             self.fallback_reason = f"its chat template failed to render ({e})"
             self._template = self.env.from_string(CHATML)
+            self.thinking = None
             return self._render(self._template, msgs, add_generation_prompt)
 
     def _render(self, template: jinja2.Template, msgs: list[dict],
-                add_generation_prompt: bool, tools: Optional[list[dict]] = None) -> str:
+                add_generation_prompt: bool, tools: Optional[list[dict]] = None,
+                variables: Mapping[str, Any] = {}) -> str:
         self.env.deadline = time.monotonic() + MAX_RENDER_SECONDS
         parts: list[str] = []
         size = 0
-        extra = {"tools": tools} if tools else {}
+        extra = {**variables, **({"tools": tools} if tools else {})}
         try:
             for chunk in template.generate(messages=msgs,
                                            add_generation_prompt=add_generation_prompt,

@@ -34,13 +34,13 @@ def cmd_run(args) -> int:
         prompt = args.prompt
         raw = args.raw
         if not raw and not args.system and eng.template.source is None:
-            # No chat template: a base model (Gemma-3-270M). Wrapped in ChatML it continues
-            # the markup instead of the text, so complete the prompt as-is, as llama-cli and
-            # Ollama do with such models; --system still asks for the chat format.
+            # No chat template: a base model (Gemma-3-270M). Complete the prompt as-is, as
+            # llama-cli and Ollama do with such models (the same text the template's plain
+            # fallback would send); --system goes before it, as plain text.
             raw = True
             if not args.quiet:
                 status(f"note: {eng.target.path.name} has no chat template, so the prompt is "
-                       "completed as-is (--system sends it as a chat message)")
+                       "completed as-is (--system puts its text before it)")
         if args.system and not raw:
             prompt = [{"role": "system", "content": args.system},
                       {"role": "user", "content": args.prompt}]
@@ -51,10 +51,12 @@ def cmd_run(args) -> int:
             print(json.dumps(out.to_dict(), ensure_ascii=False))
             return 0
         color = args.color and sys.stdout.isatty()
+        from .thinking import Shown
         stream = eng.stream(prompt, **kw)
+        shown = Shown()             # a thinking model's reasoning, marked, before its answer
         for ev in stream:
-            sys.stdout.write(DRAFT_COLOR + ev.text + RESET if color and ev.from_draft
-                             else ev.text)
+            piece = shown(ev)
+            sys.stdout.write(DRAFT_COLOR + piece + RESET if color and ev.from_draft else piece)
             sys.stdout.flush()
         sys.stdout.write("\n")
         if not args.quiet:

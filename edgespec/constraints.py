@@ -139,6 +139,31 @@ class Constraint:
             raise ConstraintError(f"{what} is invalid: {_first_line(messages[0])}")
         return cls(kind, source, grammar, schema)
 
+    def after_reasoning(self, open_tag: str, close_tag: str, opened: bool,
+                        tag_tokens: Optional[tuple[int, int]] = None) -> "Constraint":
+        """This constraint on the answer that follows a reasoning block: free text up to the
+        first ``close_tag``, in a block that ``open_tag`` starts (optional: the model may
+        answer at once; absent when the prompt ``opened`` it), whitespace, then the answer
+        held to this constraint. ``tag_tokens``: the tags' ids where each is one special
+        token (the grammar names the tokens; their text is not the token). One grammar masks
+        the target's p and the draft's q alike, reasoning included: still lossless."""
+        if tag_tokens is None:
+            block = f"body[stop={json.dumps(close_tag)}]: /(?s:.*)/\n"
+            opening = json.dumps(open_tag)
+        else:
+            block = f"body: TEXT? <[{tag_tokens[1]}]>\nTEXT: /(?s:.+)/\n"
+            opening = f"<[{tag_tokens[0]}]>"
+        start = "start: body WS @answer\n" if opened else \
+            f"start: reasoning? WS @answer\nreasoning: {opening} body\n"
+        answer = json.loads(self.compiled) if self.compiled.lstrip().startswith("{") else \
+            {"grammars": [{"lark_grammar": self.compiled}]}
+        first, *rest = answer["grammars"]
+        top = start + block + "WS: /[ \\t\\r\\n]*/\n"
+        grammar = json.dumps({"grammars": [{"lark_grammar": top},
+                                           {**first, "name": "answer"}, *rest]})
+        return self._checked(self.kind, self.source, grammar, self.schema,
+                             "the constraint after the reasoning")
+
     def parse(self, text: str) -> Any:
         """The value of a completed JSON output (``json_schema`` and ``json`` kinds), checked
         against the schema; raises :class:`ConstraintError` otherwise."""

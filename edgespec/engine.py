@@ -197,7 +197,7 @@ class Engine:
                     "draft": self.draft.describe() if self.draft else None,
                     **self._drafting.describe(),
                     "backend": placement(backend_info()["backend"], self.target, self.draft),
-                    "chat_template": "fallback (ChatML)" if self.template.is_fallback else "model"}
+                    "chat_template": self.template.label}
 
     def set_threads(self, n_threads: Optional[int]) -> None:
         """Pin both models to ``n_threads`` CPU threads, or (``None``) let each follow the
@@ -249,11 +249,12 @@ class Engine:
         return self._prompter.tokenize(text, add_special)
 
     def prompt_tokens(self, prompt: Prompt, raw: bool = False,
-                      tools: Optional[list[dict]] = None, _validated: bool = False) -> list[int]:
+                      tools: Optional[list[dict]] = None, _validated: bool = False,
+                      think: Any = None) -> list[int]:
         """The exact tokens both models will see for ``prompt`` (``tools``: declared to a
-        template that reads them)."""
+        template that reads them; ``think``: thinking on or off, :mod:`edgespec.thinking`)."""
         self._check_open()
-        return self._prompter.tokens(prompt, raw, tools, _validated)
+        return self._prompter.tokens(prompt, raw, tools, _validated, think)
 
     # -- generation -----------------------------------------------------------------------
 
@@ -281,40 +282,41 @@ class Engine:
                raw: bool = False, stop: Sequence[str] = (),
                constraint: Optional[Constraint] = None, tools: Optional[Sequence] = None,
                tool_choice: Any = None, parallel_tool_calls: bool = False,
-               logprobs: Optional[int] = None) -> Stream:
+               logprobs: Optional[int] = None, think: Any = None) -> Stream:
         """Like :meth:`generate`, streaming :class:`StreamEvent` objects as tokens commit.
 
         ``tools``: functions the model may call (OpenAI's shape, or :class:`~edgespec.tools.
-        Tool`); ``tool_choice``: ``"auto"`` (default), ``"none"``, ``"required"`` or a tool's
-        name; ``parallel_tool_calls=True``: several calls in one answer (off by default).
-        With tools the events carry the raw output; the result's ``text`` and
-        ``tool_calls`` are what it means. ``logprobs``: give ``Generation.logprobs``, with
-        this many alternatives per token (0: the chosen token's only).
+        Tool`), ``tool_choice`` ``"auto"``/``"none"``/``"required"``/a name; the events carry
+        the raw output, the result's ``text`` and ``tool_calls`` what it means.
+        ``logprobs``: this many alternatives per token in ``Generation.logprobs``. ``think``:
+        a thinking model's reasoning on (True, ``"low"``…) or off; its events and result
+        carry it in ``thinking`` (:mod:`edgespec.thinking`), a constraint shapes the answer.
 
         Arguments are checked and the prompt tokenized here (errors are raised by this call);
-        the generation waits for its turn when the stream is first advanced. See
+        the generation waits for a lane when the stream is first advanced. See
         :class:`~edgespec.streams.Stream` for cancelling and closing it.
         """
         return self.submit(GenerationRequest(
             prompt, max_tokens=max_tokens, sampling=sampling, speculative=speculative, raw=raw,
             stop=stop, constraint=constraint, tools=tools, tool_choice=tool_choice,
-            parallel_tool_calls=parallel_tool_calls, logprobs=logprobs))
+            parallel_tool_calls=parallel_tool_calls, logprobs=logprobs, think=think))
 
     def submit(self, req: GenerationRequest) -> Stream:
         """:meth:`stream` for a request built beforehand (a server's parsed body): the same
         checks, errors and stream."""
         self._check_open()
         sampling = req.sampling if req.sampling is not None else SamplingParams()
-        run = self._prompter.request(req, sampling, self.n_ctx, speculation=(
+        run, thinking = self._prompter.request(req, sampling, self.n_ctx, speculation=(
             self._drafting.speculation(sampling) if req.speculative else None))
         job = Job(self._lanes, not_started(run))
-        return Stream(job, run_generation(job, self._lanes, run, self.prompt_cache))
+        events = run_generation(job, self._lanes, run, self.prompt_cache)
+        return Stream(job, thinking.events(events) if thinking is not None else events)
 
     def request_tokens(self, req: GenerationRequest) -> list[int]:
         """The prompt tokens :meth:`submit` would generate ``req`` from (tools declared);
         nothing is queued. What a server's token-counting endpoint answers."""
         self._check_open()
-        return self._prompter.plan(req)[0]
+        return self._prompter.plan(req)[1]
 
     def astream(self, prompt: Prompt, **kwargs) -> AsyncStream:
         """:meth:`stream` for asyncio: ``async for event in engine.astream(...)``; the same

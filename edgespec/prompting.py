@@ -7,7 +7,7 @@ deadline is shared state).
 from __future__ import annotations
 
 import threading
-from typing import Optional
+from typing import Any, Optional
 
 from .backend import GrammarVocab
 from .chat_template import ChatTemplate, validate_messages
@@ -16,6 +16,7 @@ from .constraints import Constraint, GrammarState, tokenizer_for
 from .errors import ContextOverflowError, InvalidParameterError
 from .lm import LoadedModel
 from .request import GenerationRequest, Prompt, Request, Speculation, check_limits
+from .thinking import reads_thinking, separates, template_variables
 from .tools import ToolPlan, plan_request
 
 
@@ -34,12 +35,15 @@ class Prompter:
         self._render = threading.Lock()
 
     def request(self, req: GenerationRequest, sampling: SamplingParams, n_ctx: int,
-                speculation: Optional[Speculation]) -> Request:
+                speculation: Optional[Speculation]) -> tuple[Request, Any]:
         """``req`` checked and made ready to run: its prompt in tokens (with the tools it may
-        call declared, and the grammar their calls follow), within ``n_ctx``."""
+        call declared, and the grammar their calls follow), within ``n_ctx``; and, for a
+        thinking model, what separates its reasoning from its answer (None otherwise)."""
         stop = check_limits(req.max_tokens, req.stop, req.logprobs)
         constraint = req.constraint
-        tokens, plan = self.plan(req)
+        mode = separates(self.template.thinking, req.think,
+                         raw=isinstance(req.prompt, str) and req.raw)
+        text, tokens, plan = self.plan(req)
         if plan is not None:
             if constraint is not None and plan.constraint is not None:
                 raise InvalidParameterError("constraint", "a Constraint", "None when tools "
@@ -47,36 +51,50 @@ class Prompter:
             constraint = plan.constraint or constraint
         if len(tokens) >= n_ctx:
             raise ContextOverflowError(len(tokens), n_ctx)
-        return Request(tokens, req.max_tokens, sampling, stop=stop,
-                       grammar=self.grammar(constraint), logprobs=req.logprobs,
-                       finish=plan.finish if plan is not None else None,
-                       speculation=speculation)
+        thinking, constraint, finish = reads_thinking(
+            mode, text, constraint, plan.finish if plan is not None else None,
+            lambda tag, special: self.target.tokenize(tag, False, special))
+        run = Request(tokens, req.max_tokens, sampling, stop=stop,
+                      grammar=self.grammar(constraint), logprobs=req.logprobs, finish=finish,
+                      speculation=speculation)
+        return run, thinking
 
-    def plan(self, req: GenerationRequest) -> tuple[list[int], Optional[ToolPlan]]:
-        """``req``'s prompt tokens, and how it uses its tools (None: it has none)."""
+    def plan(self, req: GenerationRequest) -> tuple[str, list[int], Optional[ToolPlan]]:
+        """``req``'s prompt as text and tokens, and how it uses its tools (None: none)."""
         plan = plan_request(req.prompt, req.tools, req.tool_choice,
                             parallel=req.parallel_tool_calls,
                             native_template=self.template.writes_tool_call_tags)
         if plan is None:
-            return self.tokens(req.prompt, raw=req.raw), None
-        return self.tokens(plan.messages, tools=plan.template_tools, validated=True), plan
+            text = self.text(req.prompt, raw=req.raw, think=req.think)
+        else:
+            text = self.text(plan.messages, tools=plan.template_tools, validated=True,
+                             think=req.think)
+        return text, self._tokens(text, req.prompt), plan
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         with self._life:
             return self.target.tokenize(text, add_special=add_special, parse_special=True)
 
-    def tokens(self, prompt: Prompt, raw: bool = False, tools: Optional[list[dict]] = None,
-               validated: bool = False) -> list[int]:
-        """The exact tokens both models will see for ``prompt`` (``tools``: declared to a
-        template that reads them; ``validated``: chat messages already checked)."""
+    def text(self, prompt: Prompt, raw: bool = False, tools: Optional[list[dict]] = None,
+             validated: bool = False, think: Any = None) -> str:
+        """The text :meth:`tokens` tokenizes: ``prompt`` as-is (``raw``), else in the model's
+        chat template (``tools`` declared to a template that reads them; ``think``: its
+        thinking mode on or off, :mod:`edgespec.thinking`; ``validated``: messages already
+        checked)."""
         if isinstance(prompt, str) and raw:
-            text = prompt
-        else:
-            messages = ([{"role": "user", "content": prompt}] if isinstance(prompt, str)
-                        else prompt if validated else validate_messages(prompt))
-            with self._render:
-                text = self.template.render(messages, add_generation_prompt=True, tools=tools,
-                                            validate=False)
+            return prompt
+        messages = ([{"role": "user", "content": prompt}] if isinstance(prompt, str)
+                    else prompt if validated else validate_messages(prompt))
+        with self._render:
+            return self.template.render(messages, add_generation_prompt=True, tools=tools,
+                                        validate=False, variables=template_variables(think))
+
+    def tokens(self, prompt: Prompt, raw: bool = False, tools: Optional[list[dict]] = None,
+               validated: bool = False, think: Any = None) -> list[int]:
+        """The exact tokens both models will see for ``prompt`` (as :meth:`text`)."""
+        return self._tokens(self.text(prompt, raw, tools, validated, think), prompt)
+
+    def _tokens(self, text: str, prompt: Prompt) -> list[int]:
         tokens = self.tokenize(text)
         bos = self.target.vocab.bos
         if len(tokens) >= 2 and tokens[0] == tokens[1] == bos:

@@ -35,7 +35,8 @@ class GenerationRequest:
     ``sampling``, stopped at any of ``stop``; ``speculative=False`` decodes with the target
     alone. ``constraint``: the output matches it (a :class:`~edgespec.constraints.
     Constraint`); ``tools`` / ``tool_choice`` / ``parallel_tool_calls``: functions the model
-    may call; ``logprobs``: each token's log probability with this many alternatives.
+    may call; ``logprobs``: each token's log probability with this many alternatives;
+    ``think``: a thinking model's reasoning on or off (None: its template's default).
     :meth:`Engine.stream <edgespec.engine.Engine.stream>` documents each; its defaults are
     these."""
 
@@ -50,6 +51,7 @@ class GenerationRequest:
     tool_choice: Any = None
     parallel_tool_calls: bool = False
     logprobs: Optional[int] = None
+    think: Any = None
 
 
 @dataclass(frozen=True)

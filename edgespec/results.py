@@ -197,7 +197,8 @@ class Generation:
     """The result of a generation. ``finish_reason``: ``"stop"`` (an end-of-generation token,
     a stop string, or a grammar that completed), ``"length"`` (``max_tokens`` or the context
     window; the partial output is kept), ``"cancelled"``, or ``"tool_calls"`` (the model
-    called tools: ``tool_calls`` holds them, :class:`edgespec.tools.ToolCall`)."""
+    called tools: ``tool_calls`` holds them, :class:`edgespec.tools.ToolCall`). ``thinking``:
+    the reasoning a thinking model wrote before its answer (``text``), :mod:`edgespec.thinking`."""
 
     text: str
     tokens: list[int]
@@ -205,10 +206,13 @@ class Generation:
     stats: GenerationStats = field(default_factory=GenerationStats)
     tool_calls: list = field(default_factory=list)
     logprobs: Optional[list] = None     # per token, when asked for (TokenLogprob)
+    thinking: str = ""
 
     def to_dict(self) -> dict:
         d = {"text": self.text, "tokens": self.tokens, "finish_reason": self.finish_reason,
              "stats": self.stats.to_dict()}
+        if self.thinking:
+            d["thinking"] = self.thinking
         if self.tool_calls:
             d["tool_calls"] = [c.to_openai() for c in self.tool_calls]
         if self.logprobs is not None:
@@ -236,10 +240,13 @@ class StreamEvent:
     character or a possible stop string is incomplete); ``from_draft``: the token was proposed
     by the drafter and accepted by the target; ``logprob``: its log probability (when
     asked for); ``round``: on the target's own token that ends a verify round, that round
-    (:class:`~edgespec.speculative.Round`: what was drafted, how much was accepted)."""
+    (:class:`~edgespec.speculative.Round`: what was drafted, how much was accepted);
+    ``thinking``: reasoning text released with it (a thinking model's, separated from the
+    answer's ``text``: :mod:`edgespec.thinking`)."""
 
     text: str
     token: int
     from_draft: bool
     logprob: Optional["TokenLogprob"] = None     # when the request asked for logprobs
     round: Optional[Round] = None
+    thinking: str = ""

@@ -279,9 +279,13 @@ def chat_format_note(engine) -> Optional[str]:
     t = engine.template
     if not t.is_fallback:
         return None
+    if t.source is None:
+        return (f"note: {engine.target.path.name}: {t.fallback_reason}, so messages are sent as "
+                "plain text (their contents one after another, no roles or markup) for the "
+                "model to continue")
     return (f"note: {engine.target.path.name}: {t.fallback_reason}, so messages are sent in the "
-            "ChatML format; a base model may continue that markup instead of answering "
-            "(`edgespec run` completes a prompt as-is)")
+            "ChatML format; the model may continue that markup instead of answering "
+            "(`edgespec run --raw` completes a prompt as-is)")
 
 
 # ---------------------------------------------------------------------------------------------

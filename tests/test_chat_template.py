@@ -21,10 +21,15 @@ def test_smollm2_template_renders_chatml(smollm2_q4_path):
                    "<|im_start|>assistant\n")
 
 
-def test_model_without_template_falls_back_to_chatml():
+def test_model_without_template_gets_plain_text_never_chatml():
     t = ChatTemplate(None)
     assert t.is_fallback and "no chat template" in t.fallback_reason
-    assert t.render([{"role": "user", "content": "x"}]).endswith("<|im_start|>assistant\n")
+    assert t.label == "none (plain text)" and t.thinking is None
+    assert t.render([{"role": "user", "content": "x"}]) == "x"       # as `edgespec run` sends it
+    assert t.render(MSGS + [{"role": "assistant", "content": "Hello."},
+                            {"role": "user", "content": "Bye"}]) == \
+        "Be brief.\n\nHi!\n\nHello.\n\nBye"
+    assert ChatTemplate("{% if %}").label == "fallback (ChatML)"     # declared one, broken
 
 
 HOSTILE = {

@@ -108,6 +108,7 @@ def test_a_model_without_a_chat_template_gets_one_note_in_the_chat(gemma_f32_pat
     assert proc.returncode == 0, proc.stderr
     notes = [ln for ln in proc.stderr.splitlines() if "chat template" in ln]
     assert notes == [f"note: {gemma_f32_path.name}: the model has no chat template, so "
-                     "messages are sent in the ChatML format; a base model may continue that "
-                     "markup instead of answering (`edgespec run` completes a prompt as-is)"]
-    assert "as-is" not in proc.stderr.replace(notes[0], "")
+                     "messages are sent as plain text (their contents one after another, no "
+                     "roles or markup) for the model to continue"]
+    assert "plain text" not in proc.stderr.replace(notes[0], "")
+    assert "<|im_" not in proc.stdout

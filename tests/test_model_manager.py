@@ -13,7 +13,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from edgespec.errors import EdgespecError, EngineClosedError, ModelLoadError
+from edgespec.errors import EdgespecError, EngineClosedError, InvalidParameterError, ModelLoadError
 from edgespec.catalogue import CatalogEntry, ModelNotFound, entry_for, find_entry, scan_catalog
 from edgespec.server.models import ModelManager
 
@@ -23,18 +23,19 @@ class FakeEngine:
 
     n_ctx = 100
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, n_ctx: int | None = None):
         self.name = name
         self.closed = False
+        self.n_ctx = n_ctx or FakeEngine.n_ctx
 
     def close(self) -> None:
         self.closed = True
 
 
-def fake_entry(name: str, size: int = 1000, kv: int = 0, file: str | None = None
-               ) -> CatalogEntry:
+def fake_entry(name: str, size: int = 1000, kv: int = 0, file: str | None = None,
+               trained: int = 0) -> CatalogEntry:
     return CatalogEntry(name, Path("/nowhere") / (file or f"{name}.gguf"), None, "gguf", size,
-                        0.0, {"format": "gguf"}, "0" * 64, kv)
+                        0.0, {"format": "gguf"}, "0" * 64, kv, trained)
 
 
 class Loader:
@@ -43,14 +44,16 @@ class Loader:
     def __init__(self, delay: float = 0.0, fail: bool = False):
         self.delay, self.fail = delay, fail
         self.loads: list[str] = []
+        self.contexts: list[int | None] = []     # each load's n_ctx
         self.engines: dict[str, FakeEngine] = {}
 
-    def __call__(self, entry: CatalogEntry) -> FakeEngine:
+    def __call__(self, entry: CatalogEntry, n_ctx: int | None = None) -> FakeEngine:
         self.loads.append(entry.name)
+        self.contexts.append(n_ctx)
         time.sleep(self.delay)
         if self.fail:
             raise ModelLoadError(entry.target, "not a valid GGUF model (bad magic)")
-        self.engines[entry.name] = FakeEngine(entry.name)
+        self.engines[entry.name] = FakeEngine(entry.name, n_ctx)
         return self.engines[entry.name]
 
 
@@ -288,6 +291,115 @@ def test_the_preloaded_model_is_the_default_and_is_not_loaded_again():
 
 
 # ---------------------------------------------------------------------------------------------
+# The context a request asks for (server/contexts.py)
+
+
+def test_a_larger_context_reloads_once_a_smaller_one_never():
+    mgr, loader = manager(("a", "b"), n_ctx=100, max_loaded=2)
+
+    async def main():
+        assert mgr.context_for("a") == 100 and mgr.context_for("a", 300) == 300
+        async with mgr.acquire("a", n_ctx=50) as lease:      # less than the default: as is
+            assert lease.engine.n_ctx == 100
+        async with mgr.acquire("a", n_ctx=300) as lease:     # more: reloaded with it
+            assert lease.engine.n_ctx == 300 and lease.load_seconds >= 0
+        for asked in (200, 300, None):                       # no reload for less
+            async with mgr.acquire("a", n_ctx=asked) as lease:
+                assert lease.engine.n_ctx == 300
+        assert mgr.context_for("a") == 300 and mgr.context_for("a", 200) == 300
+        assert mgr.context_for("b") == 100 and mgr.context_for("nowhere", 50) == 100
+        assert [i.n_ctx for i in mgr.loaded()] == [300]
+        await mgr.unload("a")                     # unloaded: it comes back as it was asked
+        async with mgr.acquire("a") as lease:
+            assert lease.engine.n_ctx == 300
+        await mgr.close()
+
+    anyio.run(main)
+    assert (loader.loads, loader.contexts) == (["a"] * 3, [100, 300, 300])
+
+
+def test_a_reload_waits_for_the_requests_using_the_model_and_others_wait_for_it():
+    mgr, loader = manager(("a",), n_ctx=100)
+    release = anyio.Event()
+    served: list[tuple[str, int]] = []
+
+    async def hold(task_status=anyio.TASK_STATUS_IGNORED):
+        async with mgr.acquire("a") as lease:
+            task_status.started()
+            await release.wait()
+            assert not lease.engine.closed                 # never unloaded under a lease
+            served.append(("held", lease.engine.n_ctx))
+
+    async def ask(who: str, n_ctx):
+        async with mgr.acquire("a", n_ctx=n_ctx) as lease:
+            served.append((who, lease.engine.n_ctx))
+
+    async def main():
+        async with anyio.create_task_group() as tg:
+            await tg.start(hold)
+            tg.start_soon(ask, "bigger", 400)
+            await anyio.sleep(0.1)
+            tg.start_soon(ask, "any", None)               # arrives during the reload's wait
+            await anyio.sleep(0.1)
+            assert served == [] and loader.contexts == [100]
+            release.set()
+        await mgr.close()
+
+    anyio.run(main)
+    assert served[0] == ("held", 100)
+    assert sorted(served[1:]) == [("any", 400), ("bigger", 400)]    # the newcomer waited too
+    assert loader.contexts == [100, 400]
+
+
+def test_a_context_whose_load_fails_is_forgotten():
+    mgr, loader = manager(("a",), n_ctx=100)
+
+    async def main():
+        loader.fail = True
+        with pytest.raises(ModelLoadError):
+            async with mgr.acquire("a", n_ctx=5000):
+                pass
+        loader.fail = False
+        assert mgr.context_for("a") == 100
+        async with mgr.acquire("a") as lease:                 # the default again
+            assert lease.engine.n_ctx == 100
+        await mgr.close()
+
+    anyio.run(main)
+    assert loader.contexts == [5000, 100]
+
+
+def test_a_context_over_the_models_limits_is_refused_before_anything_loads():
+    entries = {"a": fake_entry("a", size=600, kv=1, trained=1000)}
+    mgr, loader = manager(entries, n_ctx=100, max_ram=1000)
+
+    async def refused(n_ctx, *words):
+        with pytest.raises(InvalidParameterError) as e:
+            async with mgr.acquire("a", n_ctx=n_ctx):
+                pass
+        assert e.value.name == "num_ctx" and all(w in str(e.value) for w in words), e.value
+
+    async def main():
+        await refused(1001, "at most 1000", "the context it was trained with")
+        await refused(500, "at most 400", "needs about", "--max-ram")   # 600 + 500 × 1 > 1000
+        async with mgr.acquire("a", n_ctx=400) as lease:           # fits exactly
+            assert lease.engine.n_ctx == 400
+        await mgr.close()
+
+    anyio.run(main)
+    assert loader.contexts == [400]
+    fixed, loads = manager(("a",), n_ctx=100, max_ctx=100)         # an Engine served as it is
+
+    async def one_engine():
+        with pytest.raises(InvalidParameterError, match="cannot load it with another context"):
+            async with fixed.acquire("a", n_ctx=101):
+                pass
+        await fixed.close()
+    anyio.run(one_engine)
+    assert loads.loads == []
+
+
+# ---------------------------------------------------------------------------------------------
 # Names
 
 
@@ -396,8 +508,8 @@ def test_the_catalog_and_the_manager_on_real_models(models_folder, smollm2_q4_pa
     assert len(entry.digest) == 64 and entry.digest != catalog[q2].digest
     assert scan_catalog(extra=[outside])[q4].digest == entry.digest    # stable
 
-    def load(e: CatalogEntry) -> Engine:
-        return Engine.load(e.target, n_ctx=512, drafter="none")
+    def load(e: CatalogEntry, n_ctx: int | None) -> Engine:
+        return Engine.load(e.target, n_ctx=n_ctx or 512, drafter="none")
     mgr = ModelManager(lambda: scan_catalog(extra=[outside]), load, max_loaded=1)
 
     async def main():

@@ -48,7 +48,7 @@ def site(tmp_path, monkeypatch):
                                      {"format": "gguf"}, "0" * 64)
     manager = ModelManager(lambda: {n: e for n, e in entries.items()
                                     if e.target.is_file()},
-                           lambda entry: FakeEngine(), preloaded=("started", FakeEngine()),
+                           lambda entry, n_ctx: FakeEngine(), preloaded=("started", FakeEngine()),
                            max_loaded=2, keep_alive=-1)
     client = TestClient(create_app(manager=manager, n_ctx=64), base_url="http://127.0.0.1")
     return client, manager, folder

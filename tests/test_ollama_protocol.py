@@ -76,7 +76,7 @@ def test_chat_defaults_stream_to_the_context_edge_with_edgespecs_sampling():
     assert g.stream is True                      # Ollama streams unless told not to
     assert g.max_tokens == N_CTX and g.stop == () and g.sampling == SamplingParams()
     assert (g.constraint, g.tools, g.tool_choice, g.logprobs) == (None, None, None, None)
-    assert (r.keep_alive, r.think_ignored, r.num_ctx) == (None, False, None)
+    assert (r.keep_alive, g.generation.think, r.num_ctx, g.num_ctx) == (None, None, None, None)
     assert chat(stream=False).gen.stream is False
     assert chat(stream=None).gen.stream is True
 
@@ -91,7 +91,7 @@ def test_options_map_to_sampling_params():
                                             presence_penalty=0.5, frequency_penalty=-0.5,
                                             seed=42)
     assert r.gen.stop == ("\n", "User:") and r.gen.max_tokens == 100
-    assert r.num_ctx == 8192                     # recorded; larger than loaded is not an error
+    assert r.num_ctx == r.gen.num_ctx == 8192    # the context to load the model with
     assert chat(options={"stop": "END"}).gen.stop == ("END",)
     assert chat(options={"top_k": 5.0}).gen.sampling.top_k == 5      # JSON numbers from JS
     assert chat(options={"temperature": None}).gen.sampling == SamplingParams()
@@ -235,10 +235,11 @@ def test_load_and_unload_requests():
     assert parse_ollama_generate({"model": "pair", "prompt": ""}, N_CTX).load_only
 
 
-def test_think_truncate_and_shift_are_accepted_and_ignored():
-    assert not chat().think_ignored
+def test_think_goes_to_the_generation_truncate_and_shift_are_accepted_and_ignored():
+    assert chat().gen.generation.think is None
     for value in (True, False, "high", "medium", "low"):
-        assert chat(think=value).think_ignored
+        assert chat(think=value).gen.generation.think == value
+        assert generate(think=value).gen.generation.think == value
     chat_refused("think='max' is invalid", think="max")
     assert chat(truncate=True, shift=False).gen
     chat_refused("truncate='yes'", truncate="yes")
@@ -318,7 +319,7 @@ def test_what_the_official_client_sends_is_understood():
     assert r.gen.stream is False and r.gen.max_tokens == 64 and r.gen.sampling.greedy
     assert [t.name for t in r.gen.tools] == ["weather"]
     assert r.gen.prompt[2]["tool_call_id"] == r.gen.prompt[1]["tool_calls"][0]["id"]
-    assert (r.keep_alive, r.think_ignored, r.num_ctx) == (300.0, True, 2048)
+    assert (r.keep_alive, r.gen.generation.think, r.num_ctx) == (300.0, True, 2048)
 
     body = GenerateRequest(model="pair", prompt="Hi", suffix="", system="", template="",
                            raw=False, stream=True, format="", images=None,
@@ -477,7 +478,8 @@ def entry(name="smollm2", draft=True):
     return SimpleNamespace(name=name, target=Path("/m/target.gguf"),
                            draft=Path("/m/draft.gguf") if draft else None,
                            kind="pair" if draft else "gguf", size=123_456_789,
-                           modified=1_721_680_408.5, details=dict(DETAILS), digest="ab" * 32)
+                           modified=1_721_680_408.5, details=dict(DETAILS), digest="ab" * 32,
+                           n_ctx_train=0)
 
 
 def test_names_carry_a_tag():
@@ -518,19 +520,23 @@ def test_show_body():
     info = {"target": {"architecture": "llama", "n_params": 134_515_008, "n_ctx": 4096,
                        "n_ctx_train": 8192, "n_vocab": 49152, "path": "/m/target.gguf"},
             "draft": {"architecture": "llama"}, "drafter": "hybrid", "chat_template": "model"}
-    body = show_body(entry(), info, "{{ messages }}", 4096)
+    body = show_body(entry(), info, "{{ messages }}", (4096, 4096), False)
     parsed = ShowResponse.model_validate(body)
     assert parsed.modelinfo["general.architecture"] == "llama"
     assert parsed.modelinfo["llama.context_length"] == 4096
     assert parsed.modelinfo["general.parameter_count"] == 134_515_008
     assert "tools" in parsed.capabilities and "completion" in parsed.capabilities
+    assert "thinking" not in parsed.capabilities
     assert parsed.template == "{{ messages }}" and parsed.details.family == "llama"
     assert "FROM /m/target.gguf" in parsed.modelfile and "num_ctx" in parsed.parameters
     assert body["edgespec"]["context_length_trained"] == 8192
     assert body["edgespec"]["draft"] == "/m/draft.gguf" and body["edgespec"]["pair"] == info
-    # an entry that is not loaded: the catalog's details only
-    bare = ShowResponse.model_validate(show_body(entry(draft=False), {}, "", 2048))
+    assert body["edgespec"]["draft_context_length"] == 4096
+    # an entry that is not loaded: the catalog's details only; a template that thinks
+    bare = ShowResponse.model_validate(show_body(entry(draft=False), {}, "", (2048, None),
+                                                 True))
     assert bare.modelinfo == {"general.architecture": "llama", "llama.context_length": 2048}
+    assert "thinking" in bare.capabilities
 
 
 def test_version_body():

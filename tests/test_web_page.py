@@ -3,7 +3,8 @@
 First, without a browser or a model: the page and its files are served with their media types
 and a strict Content-Security-Policy, need no API key but pass the Host check, and hold no
 inline script or style. Then in headless Chromium (driven by selenium) against a real server
-with the SmolLM2 pair and an API key: the page asks for the key, streams an answer with the
+with the SmolLM2 pair and an API key: the page asks for the key, notes a model without a chat
+template (Gemma-3-270M, from the models folder) beside the picker, streams an answer with the
 draft's accepted tokens marked, shows the figures and the verify rounds, keeps the
 conversation over a reload, and compares plain with speculative decoding at temperature 0
 (identical texts). The browser must log no error, the page must cause no CSP violation (a
@@ -48,7 +49,7 @@ WEB_FILES = {"index.html": "text/html", "app.js": "text/javascript", "style.css"
 
 def app_client(api_key: str | None = None, host: str = "127.0.0.1") -> TestClient:
     """The app over a manager with no models (nothing here generates), as ``host`` calls it."""
-    manager = ModelManager(lambda: {}, lambda entry: None)
+    manager = ModelManager(lambda: {}, lambda entry, n_ctx: None)
     return TestClient(create_app(manager=manager, n_ctx=512, api_key=api_key),
                       base_url=f"http://{host}:8000")
 
@@ -269,6 +270,24 @@ def test_the_page_asks_for_the_key_then_lists_the_models(driver, server):
     assert SERVED in names
     assert "(loaded)" in css(driver, f"#model option[value='{SERVED}']").text
     assert driver.execute_script("return sessionStorage.getItem('edgespec.apiKey')") == KEY
+    assert_no_csp_violations(driver)
+
+
+def test_a_model_without_a_chat_template_has_a_note_beside_the_picker(driver, server):
+    """Gemma-3-270M (a base model in the models folder) gets its messages as plain text: the
+    page says so while it is chosen (from its card's edgespec.chat_template)."""
+    from selenium.webdriver.support.select import Select
+    picker = Select(css(driver, "#model"))
+    assert not shown(driver, "#model-note")                 # SmolLM2 has its own template
+    base = "gemma-3-270m.Q4_K_M"
+    assert base in [o.get_attribute("value") for o in picker.options]
+    picker.select_by_value(base)
+    wait_for("the note", lambda: shown(driver, "#model-note"))
+    assert "no chat template" in css(driver, "#model-note").text
+    assert "plain text" in css(driver, "#model-note").text
+    screenshot(driver, "web-model-note.png")
+    picker.select_by_value(SERVED)
+    wait_for("the note hidden", lambda: not shown(driver, "#model-note"))
     assert_no_csp_violations(driver)
 
 

@@ -30,7 +30,7 @@ from .anthropic_request import parse_count, parse_messages
 from .body import read_json
 from .framing import Framing
 from .generation import GenerationPath, Timing
-from .wire import APIError, fit_parallel
+from .wire import APIError, asked, fit_parallel
 
 PING = sse_event("ping", {"type": "ping"})
 
@@ -77,11 +77,11 @@ class AnthropicFraming(Framing):
 
 
 class AnthropicRoutes:
-    """Anthropic's endpoints over ``path``'s models; bodies are checked against ``n_ctx``
-    (the context the models are loaded with) and ``max_body`` bytes."""
+    """Anthropic's endpoints over ``path``'s models; bodies are checked against the context
+    the model they name is served with, and ``max_body`` bytes."""
 
-    def __init__(self, path: GenerationPath, n_ctx: int, max_body: int):
-        self.path, self.n_ctx, self.max_body = path, n_ctx, max_body
+    def __init__(self, path: GenerationPath, max_body: int):
+        self.path, self.max_body = path, max_body
 
     def routes(self) -> list[Route]:
         return [Route("/v1/messages", self.messages, methods=["POST"]),
@@ -89,7 +89,8 @@ class AnthropicRoutes:
 
     async def messages(self, request: Request) -> Response:
         timing = Timing()
-        req = parse_messages(await read_json(request, self.max_body), self.n_ctx)
+        body = await read_json(request, self.max_body)
+        req = parse_messages(body, self.path.context_for(asked(body, "model"), None))
         async with contextlib.AsyncExitStack() as leases:
             lease = await self.path.lease(leases, req.model)
             req = fit_parallel(req, lease.engine.template.writes_tool_call_tags)
@@ -104,7 +105,8 @@ class AnthropicRoutes:
     async def count_tokens(self, request: Request) -> Response:
         """The prompt's tokens as ``/v1/messages`` would send them to the model (which is
         loaded for it, if it is not: only its tokenizer can count)."""
-        req = parse_count(await read_json(request, self.max_body), self.n_ctx)
+        body = await read_json(request, self.max_body)
+        req = parse_count(body, self.path.context_for(asked(body, "model"), None))
         async with contextlib.AsyncExitStack() as leases:
             lease = await self.path.lease(leases, req.model)
             req = fit_parallel(req, lease.engine.template.writes_tool_call_tags)

@@ -243,8 +243,8 @@ def single_model(engine, name: str) -> ModelManager:
     """A manager that serves ``engine`` alone, under ``name`` (an app embedding one Engine)."""
     entry = entry_for(name, engine.target.path,
                       engine.draft.path if engine.draft is not None else None)
-    return ModelManager(lambda: {name: entry}, lambda e: engine, preloaded=(name, engine),
-                        keep_alive=-1)
+    return ModelManager(lambda: {name: entry}, lambda e, n_ctx: engine,
+                        preloaded=(name, engine), keep_alive=-1, max_ctx=engine.n_ctx)
 
 
 def create_app(engine=None, *, model_id: Optional[str] = None,
@@ -258,7 +258,8 @@ def create_app(engine=None, *, model_id: Optional[str] = None,
     ``host`` is the address it listens on: without ``api_key`` only requests addressed to it
     or to a loopback name are served. ``metrics``: a :class:`~.metrics.Metrics` to count
     into and serve at ``/metrics`` (None: no ``/metrics``). ``n_ctx``: the context the
-    manager's models are loaded with (default: the engine's). ``close_on_shutdown``: the
+    manager's models are loaded with when a request asks for no more (default: the
+    engine's; a manager that has its own keeps it). ``close_on_shutdown``: the
     app's lifespan closes the manager's models when the server stops (run it with
     ``lifespan="on"``).
     """
@@ -269,14 +270,15 @@ def create_app(engine=None, *, model_id: Optional[str] = None,
     n_ctx = n_ctx or (engine.n_ctx if engine is not None else None)
     if n_ctx is None:
         raise TypeError("create_app needs n_ctx with a manager")
+    manager.contexts.default = manager.contexts.default or n_ctx
     path = GenerationPath(manager, metrics)
     routes = [
         Route("/", page.index, methods=["GET", "HEAD"]),
         Route("/web/{file}", page.asset, methods=["GET", "HEAD"]),
         Route("/health", health_endpoint(manager), methods=["GET"]),
-        *OpenAIRoutes(path, n_ctx, max_body).routes(),
-        *OllamaRoutes(path, n_ctx, max_body).routes(),
-        *AnthropicRoutes(path, n_ctx, max_body).routes(),
+        *OpenAIRoutes(path, max_body).routes(),
+        *OllamaRoutes(path, max_body).routes(),
+        *AnthropicRoutes(path, max_body).routes(),
         *OllamaModelRoutes(path, max_body).routes(),
     ]
     if metrics is not None:

@@ -143,16 +143,18 @@ def manager_options(args) -> dict:
 
 def loader(args):
     """How the server loads a model a request names: the options of the command line, with
-    that model's files (a GGUF without a draft decodes with n-gram drafting, or plainly)."""
+    that model's files (a GGUF without a draft decodes with n-gram drafting, or plainly) and
+    the context asked for (None: ``--ctx-size``)."""
     server_log = logging.getLogger("edgespec.server")
 
-    def load(entry):
+    def load(entry, n_ctx):
         server_log.info("loading %s …", entry.name)
         drafter = args.drafter
         if entry.draft is None and drafter in (None, "hybrid", "model"):
             drafter = None
         engine = load_engine(args, say=server_log.info, target=entry.target,
-                             draft=entry.draft, drafter=drafter, cache_ram=args.cache_ram)
+                             draft=entry.draft, drafter=drafter, cache_ram=args.cache_ram,
+                             n_ctx=n_ctx or args.ctx_size)
         server_log.info("loaded %s", entry.name)
         return engine
     return load

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import AsyncIterator, Callable, Optional, TypeVar
+from typing import Any, AsyncIterator, Callable, Optional, TypeVar
 
 import anyio
 from starlette.concurrency import run_in_threadpool
@@ -36,7 +36,7 @@ from .framing import Framing
 from ..catalogue import CatalogEntry, ModelNotFound
 from .models import ModelManager
 from .slots import Lease
-from .wire import APIError, APIRequest
+from .wire import APIError, APIRequest, is_int
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +46,11 @@ STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 def api_error(e: EdgespecError, req: Optional[APIRequest] = None) -> Optional[APIError]:
     """The HTTP error for ``e``, raised while leasing a model (``req`` None: any failure but
-    a missing model, the memory budget or shutdown is the model's load failing) or while
-    starting ``req``'s generation (None: not the request's doing; the app answers it as an
-    internal error)."""
+    a missing model, a context it cannot have, the memory budget or shutdown is the model's
+    load failing) or while starting ``req``'s generation (None: not the request's doing; the
+    app answers it as an internal error)."""
+    if isinstance(e, InvalidParameterError):
+        return APIError(400, str(e), param=e.name, code="invalid_value")
     if isinstance(e, ModelNotFound):
         return APIError(404, str(e), param="model", code="model_not_found")
     if isinstance(e, EngineClosedError):
@@ -61,8 +63,6 @@ def api_error(e: EdgespecError, req: Optional[APIRequest] = None) -> Optional[AP
     if isinstance(e, ContextOverflowError):
         return APIError(400, str(e), param="messages" if req.kind == "chat" else "prompt",
                         code="context_length_exceeded")
-    if isinstance(e, InvalidParameterError):
-        return APIError(400, str(e), param=e.name, code="invalid_value")
     if isinstance(e, TemplateError):
         return APIError(400, f"the chat template cannot render these messages ({e})",
                         param="messages", code="invalid_value")
@@ -132,12 +132,21 @@ class GenerationPath:
         except ModelNotFound as e:
             raise api_error(e) from None
 
+    def context_for(self, model: Any, n_ctx: Any) -> int:
+        """The context a body naming ``model`` and asking for ``n_ctx`` tokens will be served
+        with (:meth:`~.models.ModelManager.context_for`), read before the body is checked
+        (values of the wrong type count as not given): the bound of its checks."""
+        return self.manager.context_for(model if isinstance(model, str) else None,
+                                        n_ctx if is_int(n_ctx) and n_ctx > 0 else None)
+
     async def lease(self, leases: contextlib.AsyncExitStack, name: Optional[str],
-                    keep_alive: Optional[float] = None) -> Lease:
-        """The model ``name`` names, loaded if need be, held until ``leases`` closes (or,
-        for a stream, its last byte: :meth:`respond` takes the lease over)."""
+                    keep_alive: Optional[float] = None, n_ctx: Optional[int] = None) -> Lease:
+        """The model ``name`` names, loaded (with a context of at least ``n_ctx``) if need
+        be, held until ``leases`` closes (or, for a stream, its last byte: :meth:`respond`
+        takes the lease over)."""
         try:
-            return await leases.enter_async_context(self.manager.acquire(name, keep_alive))
+            return await leases.enter_async_context(self.manager.acquire(name, keep_alive,
+                                                                         n_ctx))
         except EdgespecError as e:
             raise api_error(e) from None
 

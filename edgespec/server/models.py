@@ -9,7 +9,9 @@ recently used first, while ``max_loaded`` models are loaded or their memory woul
 the request to end. Loading and closing Engines run in worker threads, so the event loop (and
 requests for models already loaded) never waits for llama.cpp; requests naming a model that
 is being loaded wait for that one load. A name that is not on this machine is an error
-(:class:`~edgespec.catalogue.ModelNotFound`), never another model's answer.
+(:class:`~edgespec.catalogue.ModelNotFound`), never another model's answer. A request may ask
+for a context (``num_ctx``): :mod:`.contexts` decides which context a model is loaded with,
+and a model loaded with less is reloaded once its requests end (never for less).
 
 The manager belongs to one event loop (it is not thread-safe; the Engines it hands out are:
 their generations take turns). Its background task, which unloads expired models, runs on
@@ -31,6 +33,7 @@ import anyio
 from .. import paths
 from ..catalogue import CatalogEntry, ModelNotFound, find_entry, tagless
 from ..errors import EngineClosedError
+from .contexts import ContextPolicy
 from .slots import Budget, Lease, LoadedInfo, Slot, resident_bytes
 
 if TYPE_CHECKING:
@@ -48,22 +51,25 @@ class ModelManager:
 
     ``catalog``: returns every model on disk (:func:`scan_catalog`, usually with the server's
     own model as ``extra``); it is called at most every ``CATALOG_TTL`` seconds, and again
-    when a name is not found. ``load``: builds an Engine for an entry (run in a worker
-    thread). ``default``: the model a request without ``model`` gets (default: the
+    when a name is not found. ``load(entry, n_ctx)``: builds an Engine for an entry with a
+    context of ``n_ctx`` tokens (None: the loader's own; run in a worker thread).
+    ``default``: the model a request without ``model`` gets (default: the
     ``preloaded`` one). ``max_loaded``: how many models may be loaded at once; ``max_ram``:
     bytes their memory estimates may add up to (None: no limit). ``keep_alive``: seconds an
     idle model stays loaded when a request does not say (negative: for ever; 0: unloaded at
-    once). ``aliases``: extra names for catalog names. ``n_ctx``: the context the loads use,
-    for the memory estimate of a model not loaded yet (default: the last loaded Engine's).
+    once). ``aliases``: extra names for catalog names. ``n_ctx``: the context the loads use
+    unless a request asks for more (default: the ``preloaded`` Engine's); ``max_ctx``: the
+    most a request may ask for (None: each model's trained context; :mod:`.contexts`).
     ``preloaded``: ``(name, engine)`` already loaded (the server's startup model); it is
     kept ``keep_alive`` seconds from now unless a request uses it.
     """
 
     def __init__(self, catalog: Callable[[], dict[str, CatalogEntry]],
-                 load: Callable[[CatalogEntry], Engine], *, default: Optional[str] = None,
-                 max_loaded: int = 1, max_ram: Optional[int] = None,
-                 keep_alive: float = DEFAULT_KEEP_ALIVE, aliases: Mapping[str, str] = {},
-                 n_ctx: Optional[int] = None,
+                 load: Callable[[CatalogEntry, Optional[int]], Engine], *,
+                 default: Optional[str] = None, max_loaded: int = 1,
+                 max_ram: Optional[int] = None, keep_alive: float = DEFAULT_KEEP_ALIVE,
+                 aliases: Mapping[str, str] = {}, n_ctx: Optional[int] = None,
+                 max_ctx: Optional[int] = None,
                  preloaded: Optional[tuple[str, Engine]] = None):
         self.budget = Budget(max_loaded, max_ram)
         self._scan = catalog
@@ -72,7 +78,7 @@ class ModelManager:
         self._aliases = dict(aliases)
         self._copies: set[str] = set()                  # aliases listed as models
         self._added: dict[str, CatalogEntry] = {}       # entries not on the catalogue
-        self._n_ctx = n_ctx or 0
+        self.contexts = ContextPolicy(n_ctx or 0, self.budget, max_ctx)
         self._catalog: dict[str, CatalogEntry] = {}
         self._scanned_at = -math.inf
         self._slots: dict[str, Slot] = {}
@@ -89,7 +95,7 @@ class ModelManager:
             slot.engine = engine
             slot.deadline = slot.last_used + keep_alive if keep_alive >= 0 else None
             self._slots[entry.name] = slot
-            self._n_ctx = self._n_ctx or engine.n_ctx
+            self.contexts.default = self.contexts.default or engine.n_ctx
             if default is None:
                 self.default = entry.name
 
@@ -188,6 +194,20 @@ class ModelManager:
         slot = self._loaded_slot(name)
         return slot.engine if slot is not None else None
 
+    def context_for(self, name: Optional[str], n_ctx: Optional[int] = None) -> int:
+        """The context a request for model ``name`` asking for ``n_ctx`` tokens (None: any)
+        is served with: the loaded model's when it serves it, else the one it would be loaded
+        with (a name not on disk: the default). Never loads anything."""
+        try:
+            entry = self.resolve(name)
+        except ModelNotFound:
+            return max(self.contexts.default, n_ctx or 0)
+        slot = self._slots.get(entry.name)
+        if slot is not None and slot.engine is not None and not slot.retiring \
+                and self.contexts.serves(slot.engine.n_ctx, n_ctx):
+            return slot.engine.n_ctx
+        return max(self.contexts.load_context(entry), n_ctx or 0)
+
     # -- waiting for changes --------------------------------------------------------------
 
     def _notify(self) -> None:
@@ -204,23 +224,26 @@ class ModelManager:
     # -- acquiring ------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def acquire(self, name: Optional[str], keep_alive: Optional[float] = None
-                      ) -> AsyncIterator[Lease]:
+    async def acquire(self, name: Optional[str], keep_alive: Optional[float] = None,
+                      n_ctx: Optional[int] = None) -> AsyncIterator[Lease]:
         """``async with manager.acquire(name) as lease:`` the model ``name`` names
         (:meth:`resolve`), loaded first if it is not, held until the block ends.
 
         ``keep_alive``: seconds the model stays loaded after this request (Ollama's
-        ``keep_alive``; None: the manager's). Raises :class:`ModelNotFound`, the load's
-        error (every request waiting for that load gets it), a
-        :class:`~edgespec.errors.MemoryBudgetError` when the model alone needs more than
-        ``max_ram``, and
+        ``keep_alive``; None: the manager's). ``n_ctx``: the context the request needs (None:
+        any); a model loaded with less is reloaded first (:mod:`.contexts`). Raises
+        :class:`ModelNotFound`, :class:`~edgespec.errors.InvalidParameterError` for a context
+        over the model's limits, the load's error (every request waiting for that load gets
+        it), a :class:`~edgespec.errors.MemoryBudgetError` when the model alone needs more
+        than ``max_ram``, and
         :class:`~edgespec.errors.EngineClosedError` after :meth:`close`. Holding a lease
         while acquiring another model can wait for ever when only one fits.
         """
         self._check_open()
         entry = self.resolve(name)
+        self.contexts.ask(entry, n_ctx)
         self._start_reaper()
-        slot, seconds = await self._lease(entry)
+        slot, seconds = await self._lease(entry, n_ctx)
         slot.keep_alive = self.keep_alive if keep_alive is None else keep_alive
         try:
             assert slot.engine is not None
@@ -233,10 +256,10 @@ class ModelManager:
         if self._closed:
             raise EngineClosedError("the server is shutting down: its models are closed")
 
-    async def _lease(self, entry: CatalogEntry) -> tuple[Slot, float]:
-        """A lease on ``entry``'s slot (its count raised), loading it first if need be."""
-        need = entry.memory(self._n_ctx)
-        self.budget.check(entry.name, need)
+    async def _lease(self, entry: CatalogEntry, n_ctx: Optional[int]) -> tuple[Slot, float]:
+        """A lease on ``entry``'s slot (its count raised) that serves a context of ``n_ctx``,
+        loading (or reloading) it first if need be."""
+        self.budget.check(entry.name, entry.memory(self.contexts.load_context(entry)))
         t0 = time.monotonic()
         awaited: Optional[Slot] = None   # a load this request waits for
         while True:
@@ -246,12 +269,20 @@ class ModelManager:
             slot = self._slots.get(entry.name)
             if slot is not None:
                 if slot.engine is not None and not slot.retiring:
-                    slot.leases += 1
-                    slot.deadline = None
-                    return slot, time.monotonic() - t0 if awaited is slot else 0.0
+                    if self.contexts.serves(slot.engine.n_ctx, n_ctx):
+                        slot.leases += 1
+                        slot.deadline = None
+                        return slot, time.monotonic() - t0 if awaited is slot else 0.0
+                    log.info("reloading %s with a context of %d tokens once its requests end",
+                             entry.name, self.contexts.load_context(entry))
+                    slot.retiring = True          # no new leases: they wait for the reload
+                if slot.retiring and slot.idle:
+                    await self._retire([slot])
+                    continue
                 awaited = slot if slot.engine is None else None
                 await self._wait()
                 continue
+            need = entry.memory(self.contexts.load_context(entry))
             victims = self.budget.victims(self._slots.values(), self._closing, need)
             if victims is None:
                 await self._wait()        # until a lease ends or a load finishes
@@ -264,10 +295,10 @@ class ModelManager:
             return await self._load_into(entry, need)
 
     def _load_measured(self, entry: CatalogEntry) -> tuple[Engine, int]:
-        """The Engine for ``entry``, and how much this process's resident memory grew while
-        it loaded (0 where that cannot be read)."""
+        """The Engine for ``entry`` with its context (:mod:`.contexts`), and how much this
+        process's resident memory grew while it loaded (0 where that cannot be read)."""
         before = resident_bytes()
-        engine = self._load(entry)
+        engine = self._load(entry, self.contexts.load_context(entry) or None)
         return engine, max(0, resident_bytes() - before)
 
     async def _load_into(self, entry: CatalogEntry, need: int) -> tuple[Slot, float]:
@@ -284,6 +315,7 @@ class ModelManager:
                 engine, grown = await anyio.to_thread.run_sync(self._load_measured, entry)
         except BaseException as e:
             slot.error = e
+            self.contexts.failed(entry)
             if self._slots.get(entry.name) is slot:
                 del self._slots[entry.name]
             self._notify()
@@ -294,7 +326,6 @@ class ModelManager:
         # what the load took, when it took more than the files and KV caches (llama.cpp's
         # extra CPU buffer types hold a repacked copy of the weights beside the mapped file)
         slot.size = max(entry.memory(engine.n_ctx), grown)
-        self._n_ctx = engine.n_ctx
         slot.loaded_at = time.time()
         slot.leases = 1
         log.info("loaded %s in %.1f s", entry.name, seconds)

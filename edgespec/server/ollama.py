@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 from typing import Optional, Sequence
 
 from starlette.concurrency import run_in_threadpool
@@ -28,9 +27,8 @@ from .generation import GenerationPath, Timing
 from .ollama_replies import (OllamaReply, ollama_error_body, ps_body, show_body, tags_body,
                              version_body)
 from .ollama_request import OllamaRequest, parse_ollama_chat, parse_ollama_generate
-from .wire import APIError, fit_parallel
-
-log = logging.getLogger(__name__)
+from .models_info import contexts, thinks
+from .wire import APIError, asked, fit_parallel
 
 
 def ndjson(body: dict) -> bytes:
@@ -50,13 +48,16 @@ class OllamaFraming(Framing):
 
     def event(self, event: StreamEvent) -> Optional[bytes]:
         lp = [event.logprob] if event.logprob else None
-        return ndjson(self.reply.chunk(event.text, logprobs=lp)) if event.text or lp else None
+        if event.text or event.thinking or lp:
+            return ndjson(self.reply.chunk(event.text, logprobs=lp, thinking=event.thinking))
+        return None
 
     def closing(self, result: Generation, held: bool) -> Sequence[bytes]:
         frames = []
-        if held and (result.text or result.tool_calls):
+        if held and (result.text or result.tool_calls or result.thinking):
             frames.append(ndjson(self.reply.chunk(result.text, logprobs=result.logprobs,
-                                                  tool_calls=result.tool_calls or ())))
+                                                  tool_calls=result.tool_calls or (),
+                                                  thinking=result.thinking)))
         frames.append(ndjson(self._final(result, streamed=True)))
         return frames
 
@@ -72,13 +73,12 @@ class OllamaFraming(Framing):
 
 
 class OllamaRoutes:
-    """Ollama's endpoints over ``path``'s models; bodies are checked against ``n_ctx`` (the
-    context the models are loaded with) and ``max_body`` bytes."""
+    """Ollama's endpoints over ``path``'s models; bodies are checked against the context
+    their model will have (``options.num_ctx`` asks for one) and ``max_body`` bytes."""
 
-    def __init__(self, path: GenerationPath, n_ctx: int, max_body: int):
-        self.path, self.n_ctx, self.max_body = path, n_ctx, max_body
+    def __init__(self, path: GenerationPath, max_body: int):
+        self.path, self.max_body = path, max_body
         self.manager = path.manager
-        self._noted: set[str] = set()
 
     def routes(self) -> list[Route]:
         return [Route("/api/version", self.version, methods=["GET"]),
@@ -87,11 +87,6 @@ class OllamaRoutes:
                 Route("/api/show", self.show, methods=["POST"]),
                 Route("/api/chat", self.chat, methods=["POST"]),
                 Route("/api/generate", self.generate, methods=["POST"])]
-
-    def _note_once(self, key: str, message: str) -> None:
-        if key not in self._noted:
-            self._noted.add(key)
-            log.warning("%s", message)
 
     async def version(self, request: Request) -> Response:
         return JSONResponse(version_body())
@@ -111,46 +106,40 @@ class OllamaRoutes:
         entry = self.path.resolve(name)
         engine = self.manager.engine_for(entry.name)
         if engine is not None:
-            info, template, n_ctx = engine.info(), engine.template.source or "", engine.n_ctx
+            info, template = engine.info(), engine.template.source or ""
         else:      # not loaded: what its file says (no load for a look)
             gguf = await run_in_threadpool(read_gguf, entry.target)
-            info, template, n_ctx = {}, gguf.chat_template or "", self.n_ctx
-        return JSONResponse(show_body(entry, info, template, n_ctx))
+            info, template = {}, gguf.chat_template or ""
+        return JSONResponse(show_body(entry, info, template, contexts(self.manager, entry),
+                                      thinks(entry, engine)))
 
     async def chat(self, request: Request) -> Response:
         timing = Timing()
         body = await read_json(request, self.max_body, any_type=True)
-        return await self._generate(request, parse_ollama_chat(body, self.n_ctx), "chat",
-                                    timing)
+        return await self._generate(request, parse_ollama_chat(body, self._context(body)),
+                                    "chat", timing)
 
     async def generate(self, request: Request) -> Response:
         timing = Timing()
         body = await read_json(request, self.max_body, any_type=True)
-        return await self._generate(request, parse_ollama_generate(body, self.n_ctx),
+        return await self._generate(request, parse_ollama_generate(body, self._context(body)),
                                     "generate", timing)
+
+    def _context(self, body) -> int:
+        return self.path.context_for(asked(body, "model"), asked(body, "options", "num_ctx"))
 
     async def _generate(self, request: Request, oreq: OllamaRequest, kind: str,
                         timing: Timing) -> Response:
-        self._notes(oreq)
         if oreq.load_only and oreq.keep_alive == 0:       # Ollama's way to unload a model
             entry = self.path.resolve(oreq.model)
             await self.manager.unload(entry.name)
             return JSONResponse(OllamaReply(kind, entry.name).loaded(unloaded=True))
         async with contextlib.AsyncExitStack() as leases:
-            lease = await self.path.lease(leases, oreq.model, oreq.keep_alive)
-            reply = OllamaReply(kind, oreq.model, lease.engine.target.token_bytes)
+            lease = await self.path.lease(leases, oreq.model, oreq.keep_alive, oreq.num_ctx)
             if oreq.load_only:
-                return JSONResponse(reply.loaded())
+                return JSONResponse(OllamaReply(kind, oreq.model).loaded())
             req = fit_parallel(oreq.gen, lease.engine.template.writes_tool_call_tags)
+            reply = OllamaReply(kind, oreq.model, lease.engine.target.token_bytes,
+                                lease.engine.template if req.kind == "chat" else None)
             framing = OllamaFraming(reply, timing, lease.load_seconds)
             return await self.path.respond(request, leases, lease, req, framing, timing)
-
-    def _notes(self, oreq: OllamaRequest) -> None:
-        """What a request asked for that edgespec does otherwise: said once per server."""
-        if oreq.think_ignored:
-            self._note_once("think", "note: a request set 'think', which edgespec ignores: "
-                                     "its models' thinking is part of the answer's text")
-        if oreq.num_ctx is not None and oreq.num_ctx > self.n_ctx:
-            self._note_once("num_ctx", f"note: a request asked for num_ctx={oreq.num_ctx}; "
-                                       f"this server's models have a context of {self.n_ctx} "
-                                       "tokens (start it with --ctx-size N for more)")

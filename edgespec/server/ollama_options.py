@@ -2,12 +2,12 @@
 
 Plain Python. ``options`` carry the sampling settings edgespec has (``temperature``,
 ``top_k``, ``top_p``, ``min_p``, ``repeat_penalty``, ``repeat_last_n``, ``presence_penalty``,
-``frequency_penalty``, ``seed``, ``stop``, ``num_predict``) and ``num_ctx``, which is recorded
-for the caller; options that only place or load the model (``num_thread``, ``num_gpu``,
-``use_mmap`` …) are accepted and ignored; samplers edgespec does not have (Mirostat,
-typical-p, tail-free) are refused unless they are set to their neutral value; any other
-option is refused as unknown. Sampling settings a request leaves out keep edgespec's defaults
-(llama.cpp's), not Ollama's.
+``frequency_penalty``, ``seed``, ``stop``, ``num_predict``) and ``num_ctx``, the context the
+model must be loaded with (:mod:`.contexts`); options that only place or load the model
+(``num_thread``, ``num_gpu``, ``use_mmap`` …) are accepted and ignored; samplers edgespec
+does not have (Mirostat, typical-p, tail-free) are refused unless they are set to their
+neutral value; any other option is refused as unknown. Sampling settings a request leaves
+out keep edgespec's defaults (llama.cpp's), not Ollama's.
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ Replies are Ollama's newline-delimited JSON objects, checked against the officia
 client's types by the tests. Durations are in nanoseconds; ``prompt_eval_count`` is the whole
 prompt, cached or not, as Ollama reports it since 0.2 (the cached part is
 ``prompt_eval_cached_count``, as in Ollama's newer releases). Tool calls are sent in Ollama's
-shape (arguments as an object). Model names are listed with a tag (``name:latest``), Ollama's
-convention, which apps display and send back.
+shape (arguments as an object). A thinking model's reasoning is ``message.thinking`` in chat
+and ``thinking`` beside ``response`` in generate, as Ollama sends it. Model names are listed
+with a tag (``name:latest``), Ollama's convention, which apps display and send back.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from datetime import datetime, timezone
 from typing import Callable, Optional, Sequence
 
 from .. import __version__
-from .replies import speculation
+from ..chat_template import ChatTemplate
+from .replies import speculation, template_field
 from .wire import APIError
 
 # The Ollama version /api/version reports: clients compare it to enable features, and 0.12.11
@@ -91,23 +93,30 @@ class OllamaReply:
     """The bodies of one ``/api/chat`` (``kind`` "chat") or ``/api/generate`` ("generate")
     response: stream chunks, the final object, a load reply. ``model``: the name the request
     gave; ``token_bytes(id)`` spells tokens for logprobs (needed only when they were asked
-    for)."""
+    for); ``template``: the chat template that rendered the messages (None: a raw prompt), its
+    label in the ``edgespec`` field (:func:`~.replies.template_field`)."""
 
     def __init__(self, kind: str, model: str,
-                 token_bytes: Optional[Callable[[int], bytes]] = None):
+                 token_bytes: Optional[Callable[[int], bytes]] = None,
+                 template: Optional[ChatTemplate] = None):
         self.kind = kind
         self.model = model
         self.token_bytes = token_bytes
+        self.template = template
 
-    def _body(self, text: str, tool_calls: Sequence = ()) -> dict:
+    def _body(self, text: str, tool_calls: Sequence = (), thinking: str = "") -> dict:
         body: dict = {"model": self.model, "created_at": rfc3339(time.time_ns())}
         if self.kind == "chat":
             message: dict = {"role": "assistant", "content": text}
+            if thinking:
+                message["thinking"] = thinking
             if tool_calls:
                 message["tool_calls"] = calls_to_ollama(tool_calls)
             body["message"] = message
         else:
             body["response"] = text
+            if thinking:
+                body["thinking"] = thinking
         return body
 
     def logprobs(self, entries: Sequence) -> list[dict]:
@@ -120,10 +129,11 @@ class OllamaReply:
                 for e in entries]
 
     def chunk(self, text: str, *, logprobs: Optional[Sequence] = None,
-              tool_calls: Sequence = ()) -> dict:
-        """A stream chunk: a piece of text (with its tokens' :class:`~edgespec.results.
-        TokenLogprob`s, if asked for) or, in chat, the calls the answer makes."""
-        body = self._body(text, tool_calls)
+              tool_calls: Sequence = (), thinking: str = "") -> dict:
+        """A stream chunk: a piece of text and of ``thinking``, the reasoning (with their
+        tokens' :class:`~edgespec.results.TokenLogprob`s, if asked for) or, in chat, the
+        calls the answer makes."""
+        body = self._body(text, tool_calls, thinking)
         if logprobs:
             body["logprobs"] = self.logprobs(logprobs)
         body["done"] = False
@@ -134,13 +144,14 @@ class OllamaReply:
         """The last object: ``done``, why, the figures, and how speculation did
         (``edgespec``). Streamed, its text is empty (the chunks carried the text and the
         calls); else it holds the whole answer, its tool calls and logprobs."""
-        body = self._body("", ()) if streamed else self._body(gen.text, gen.tool_calls)
+        body = self._body("", ()) if streamed else self._body(gen.text, gen.tool_calls,
+                                                               gen.thinking)
         if not streamed and gen.logprobs is not None:
             body["logprobs"] = self.logprobs(gen.logprobs)
         body["done"] = True
         body["done_reason"] = DONE_REASONS.get(gen.finish_reason, gen.finish_reason)
         return {**body, **metrics(gen.stats, total_seconds, load_seconds),
-                "edgespec": speculation(gen.stats)}
+                "edgespec": {**speculation(gen.stats), **template_field(self.template)}}
 
     def loaded(self, unloaded: bool = False) -> dict:
         """The reply to a load request (``done_reason`` "load"), or an unload ("unload")."""
@@ -173,12 +184,15 @@ def ps_body(loaded: Sequence) -> dict:
     return {"models": models}
 
 
-def show_body(entry, info: dict, template: str, n_ctx: int) -> dict:
+def show_body(entry, info: dict, template: str, contexts: tuple, thinks: bool) -> dict:
     """``POST /api/show`` for a catalog entry. ``info``: :meth:`Engine.info() <edgespec.
     engine.Engine.info>` of the loaded pair ({} when the entry is not loaded); ``template``:
-    the chat template (Jinja, not Ollama's Go templates); ``n_ctx``: the context served, which
-    ``<arch>.context_length`` reports so that apps size their prompts to it (the trained
-    context is in ``edgespec``)."""
+    the chat template (Jinja, not Ollama's Go templates); ``contexts``: the target's and the
+    draft's (None: no draft model) contexts as served (loaded, or as it would load): the
+    target's is ``<arch>.context_length``, so that apps size their prompts to it (the trained
+    context and the draft's are in ``edgespec``); ``thinks``: its template has a thinking
+    mode (the ``thinking`` capability)."""
+    n_ctx, draft_ctx = contexts
     target = (info or {}).get("target") or {}
     arch = target.get("architecture") or (entry.details or {}).get("family") or "llama"
     model_info: dict = {"general.architecture": arch}
@@ -192,10 +206,13 @@ def show_body(entry, info: dict, template: str, n_ctx: int) -> dict:
                  + f"PARAMETER num_ctx {n_ctx}\n")
     return {"modelfile": modelfile, "parameters": f"{'num_ctx':<30} {n_ctx}",
             "template": template, "details": _details(entry), "model_info": model_info,
-            "capabilities": ["completion", "tools"], "modified_at": _at(entry.modified),
+            "capabilities": ["completion", "tools", *(["thinking"] if thinks else [])],
+            "modified_at": _at(entry.modified),
             "edgespec": {"kind": entry.kind, "target": str(entry.target),
                          "draft": str(entry.draft) if entry.draft else None,
-                         "context_length_trained": target.get("n_ctx_train"), "pair": info}}
+                         "context_length_trained": target.get("n_ctx_train")
+                         or entry.n_ctx_train or None,
+                         "draft_context_length": draft_ctx, "pair": info}}
 
 
 def version_body() -> dict:

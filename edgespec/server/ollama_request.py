@@ -10,9 +10,11 @@ Messages reuse the engine's wording (:class:`~edgespec.errors.InvalidParameterEr
 Requests follow Ollama's API (docs/api.md, api/types.go): ``stream`` defaults to true;
 ``format`` is ``"json"`` or a JSON schema; ``options`` are read by :mod:`.ollama_options`.
 Tool calls travel in Ollama's shape (arguments as an object) and are converted to
-OpenAI's, which the engine reads. ``think``, ``truncate`` and ``shift`` are accepted
-and ignored: edgespec does not separate thinking, never cuts the history (a prompt over the
-context is a 400) and stops at the context edge (``done_reason`` ``"length"``). Images,
+OpenAI's, which the engine reads. ``think`` turns a thinking model's reasoning on or off
+(:mod:`edgespec.thinking`); ``options.num_ctx`` is the context the model must be loaded with
+(:mod:`.contexts`). ``truncate`` and ``shift`` are accepted and ignored: edgespec never cuts
+the history (a prompt over the context is a 400) and stops at the context edge
+(``done_reason`` ``"length"``). Images,
 ``suffix``, ``template`` and the deprecated ``context`` are refused by name; any other
 top-level field is refused as unknown, so that a typo is not silently ignored.
 """
@@ -29,6 +31,7 @@ from ..chat_template import new_call_id
 from ..constraints import Constraint
 from ..errors import ConstraintError
 from ..request import GenerationRequest
+from ..thinking import LEVELS
 from ..tools import Tool, parse_tools
 from .ollama_options import parse_options
 from .wire import (APIError, APIRequest, as_float, check_size, checked, get_field, invalid,
@@ -37,7 +40,7 @@ from .wire import (APIError, APIRequest, as_float, check_size, checked, get_fiel
 FOREVER = -1.0                 # keep_alive: a negative number of seconds keeps the model loaded
 MAX_TOP_LOGPROBS = 20          # Ollama's bound
 ROLES = ("system", "user", "assistant", "tool")
-THINK_LEVELS = ("high", "medium", "low")
+THINK_LEVELS = LEVELS
 
 _COMMON = {"model", "format", "options", "stream", "keep_alive", "think", "truncate", "shift",
            "logprobs", "top_logprobs", "_debug_render_only"}
@@ -53,13 +56,12 @@ class OllamaRequest:
     ``gen`` is the generation, with its kind ("chat", or "completion" for a raw prompt) and
     whether to stream (None for a load request: no messages, or an empty prompt);
     ``keep_alive`` is in seconds (None: not given; 0: unload after the request; negative,
-    :data:`FOREVER`: keep loaded); ``think_ignored``: the request set ``think``, which edgespec
-    ignores; ``num_ctx``: the context size the request asked for (None: not given)."""
+    :data:`FOREVER`: keep loaded); ``num_ctx``: the context size the request asked for (None:
+    not given), which a load request (no ``gen``) loads the model with too."""
 
     model: str
     gen: Optional[APIRequest]
     keep_alive: Optional[float] = None
-    think_ignored: bool = False
     num_ctx: Optional[int] = None
     load_only: bool = False
 
@@ -99,14 +101,12 @@ def parse_keep_alive(value: Any) -> Optional[float]:
     return FOREVER if seconds < 0 or math.isinf(seconds) else seconds
 
 
-def _think(body: dict) -> bool:
-    """Whether the request says anything about thinking (edgespec ignores it)."""
+def _think(body: dict) -> Any:
+    """``think``: None (not given), a bool or a level."""
     think = body.get("think")
-    if think is None:
-        return False
-    if not isinstance(think, bool) and think not in THINK_LEVELS:
+    if think is not None and not isinstance(think, bool) and think not in THINK_LEVELS:
         raise invalid("think", think, "true, false, 'high', 'medium' or 'low'")
-    return True
+    return think
 
 
 def _check_dialect(schema: Any, where: str) -> None:
@@ -272,9 +272,9 @@ def _request(body: dict, model: str, kind: str, prompt: Any, n_ctx: int,
             raw=kind == "completion", stop=options.stop, constraint=constraint, tools=tools,
             tool_choice="auto" if tools else None,
             parallel_tool_calls=bool(tools),            # Ollama returns several calls
-            logprobs=logprobs))
-    return OllamaRequest(model=model, gen=gen, keep_alive=keep_alive, think_ignored=think,
-                         num_ctx=options.num_ctx, load_only=gen is None)
+            logprobs=logprobs, think=think), num_ctx=options.num_ctx)
+    return OllamaRequest(model=model, gen=gen, keep_alive=keep_alive, num_ctx=options.num_ctx,
+                         load_only=gen is None)
 
 
 def parse_ollama_chat(body: Any, n_ctx: int) -> OllamaRequest:

@@ -23,7 +23,8 @@ from .framing import Framing
 from .generation import GenerationPath, Timing
 from .protocol import parse_chat, parse_completion
 from .replies import Reply, token_event
-from .wire import APIError, APIRequest
+from .models_info import contexts, template_label, thinks
+from .wire import APIError, APIRequest, asked
 
 
 def sse(body: dict) -> bytes:
@@ -49,14 +50,15 @@ class OpenAIFraming(Framing):
 
     def event(self, event: StreamEvent) -> Optional[bytes]:
         lp = self.reply.logprobs([event.logprob], self.spell) if event.logprob else None
-        if event.text or lp or event.round is not None:
-            return self._chunk(event.text, logprobs=lp, edgespec=token_event(event, self.spell))
+        if event.text or event.thinking or lp or event.round is not None:
+            return self._chunk(event.text, logprobs=lp, thinking=event.thinking,
+                               edgespec=token_event(event, self.spell))
         return None
 
     def closing(self, result: Generation, held: bool) -> Sequence[bytes]:
         frames = []
-        if held and result.text:
-            frames.append(self._chunk(result.text,
+        if held and (result.text or result.thinking):
+            frames.append(self._chunk(result.text, thinking=result.thinking,
                                       logprobs=self.reply.logprobs(result.logprobs, self.spell)))
         if held and result.tool_calls:
             frames.append(self._chunk(None, tool_calls=result.tool_calls))
@@ -74,11 +76,11 @@ class OpenAIFraming(Framing):
 
 
 class OpenAIRoutes:
-    """OpenAI's endpoints over ``path``'s models; bodies are checked against ``n_ctx`` (the
-    context the models are loaded with) and ``max_body`` bytes."""
+    """OpenAI's endpoints over ``path``'s models; bodies are checked against the context
+    their model will have and ``max_body`` bytes."""
 
-    def __init__(self, path: GenerationPath, n_ctx: int, max_body: int):
-        self.path, self.n_ctx, self.max_body = path, n_ctx, max_body
+    def __init__(self, path: GenerationPath, max_body: int):
+        self.path, self.max_body = path, max_body
 
     def routes(self) -> list[Route]:
         return [Route("/v1/models", self.models, methods=["GET"]),
@@ -87,11 +89,19 @@ class OpenAIRoutes:
                 Route("/v1/completions", self.completions, methods=["POST"])]
 
     def model_card(self, entry) -> dict:
+        """A model as ``/v1/models`` lists it, with ``context_length`` (LM Studio's and
+        Ollama's name; ``max_model_len``, vLLM's): the context it is loaded with, or would
+        be loaded with (:func:`~.models_info.contexts`)."""
+        n_ctx, draft_ctx = contexts(self.path.manager, entry)
+        engine = self.path.manager.engine_for(entry.name)
         return {"id": entry.name, "object": "model", "created": int(entry.modified),
-                "owned_by": "edgespec",
+                "owned_by": "edgespec", "context_length": n_ctx, "max_model_len": n_ctx,
                 "edgespec": {"kind": entry.kind, "draft": entry.draft.name if entry.draft
-                             else None, "loaded": self.path.manager.engine_for(entry.name)
-                             is not None}}
+                             else None, "loaded": engine is not None,
+                             "draft_context_length": draft_ctx,
+                             "context_length_trained": entry.n_ctx_train or None,
+                             "chat_template": template_label(entry, engine),
+                             "thinking": thinks(entry, engine)}}
 
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [
@@ -103,16 +113,21 @@ class OpenAIRoutes:
     async def chat_completions(self, request: Request) -> Response:
         timing = Timing()
         body = await read_json(request, self.max_body)
-        return await self._generate(request, parse_chat(body, self.n_ctx), timing)
+        return await self._generate(request, parse_chat(body, self._context(body)), timing)
 
     async def completions(self, request: Request) -> Response:
         timing = Timing()
         body = await read_json(request, self.max_body)
-        return await self._generate(request, parse_completion(body, self.n_ctx), timing)
+        return await self._generate(request, parse_completion(body, self._context(body)),
+                                    timing)
+
+    def _context(self, body) -> int:
+        return self.path.context_for(asked(body, "model"), asked(body, "num_ctx"))
 
     async def _generate(self, request: Request, req: APIRequest, timing: Timing) -> Response:
         async with contextlib.AsyncExitStack() as leases:
-            lease = await self.path.lease(leases, req.model)
-            framing = OpenAIFraming(Reply(req.kind, lease.name),
+            lease = await self.path.lease(leases, req.model, n_ctx=req.num_ctx)
+            template = lease.engine.template if req.kind == "chat" else None
+            framing = OpenAIFraming(Reply(req.kind, lease.name, template),
                                     lease.engine.target.token_bytes, req.include_usage)
             return await self.path.respond(request, leases, lease, req, framing, timing)

@@ -8,7 +8,10 @@ nothing in a body can turn into a 422 or a 500.
 Fields follow OpenAI's chat completions and (legacy) completions APIs, plus llama.cpp's
 sampling extensions ``top_k``, ``min_p`` and ``repeat_penalty``: structured output
 (``response_format``: ``json_object``, ``json_schema``), ``tools`` / ``tool_choice``, and
-``logprobs`` / ``top_logprobs`` (read from the target's own rows). Sampling settings a request
+``logprobs`` / ``top_logprobs`` (read from the target's own rows), ``reasoning_effort``
+(a thinking model's reasoning: ``"none"`` turns it off, a level on; the reasoning comes back
+as ``reasoning_content``), and ``num_ctx``, the context the model must be loaded with (the
+field Ollama's users send, as Ollama's own ``options.num_ctx``). Sampling settings a request
 leaves out keep edgespec's defaults (llama.cpp's). Features edgespec does not have (several
 choices, logit bias, fill-in-the-middle) are refused by name rather than ignored; fields that
 only label a request (``user``, ``metadata`` …) are accepted and ignored; any other field is
@@ -24,8 +27,8 @@ from ..constraints import Constraint
 from ..errors import ConstraintError, InvalidParameterError
 from ..request import GenerationRequest
 from ..tools import Tool, parse_choice, parse_tools
-from .wire import (APIError, APIRequest, check_size, invalid, is_int, is_number, refuse_unknown,
-                   message_list, sampling_params, unsupported)
+from .wire import (APIError, APIRequest, check_size, invalid, is_int, is_number, message_list,
+                   num_ctx, refuse_unknown, sampling_params, unsupported)
 
 TEMPERATURE_MAX = 2.0          # OpenAI's range; the engine itself allows more
 MAX_STOP_STRINGS = 4
@@ -36,12 +39,14 @@ CHAT_ROLES = {"system": "system", "developer": "system", "user": "user",
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "presence_penalty",
              "frequency_penalty", "seed")
 _COMMON = {"model", "max_tokens", "n", "stream", "stream_options", "stop", "logprobs",
-           "logit_bias", "user", "speculative", *_SAMPLING}
+           "logit_bias", "user", "speculative", "num_ctx", *_SAMPLING}
 _IGNORED = {"user", "metadata", "store", "service_tier"}
 CHAT_FIELDS = _COMMON | _IGNORED | {"messages", "max_completion_tokens", "top_logprobs",
                                     "tools", "tool_choice", "parallel_tool_calls", "functions",
-                                    "function_call", "response_format"}
+                                    "function_call", "response_format", "reasoning_effort"}
 MAX_TOP_LOGPROBS = 20           # OpenAI's bound (5 on /v1/completions)
+# OpenAI's reasoning efforts -> Ollama's think (edgespec.thinking): "none" is off
+EFFORTS = {"none": False, "minimal": "low", "low": "low", "medium": "medium", "high": "high"}
 COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "best_of", "suffix"}
 
 
@@ -188,6 +193,15 @@ def _streaming(body: dict) -> tuple[bool, bool]:
     return stream, usage
 
 
+def _think(body: dict) -> Any:
+    effort = body.get("reasoning_effort")
+    if effort is None:
+        return None
+    if effort not in EFFORTS:
+        raise invalid("reasoning_effort", effort, "one of " + ", ".join(EFFORTS))
+    return EFFORTS[effort]
+
+
 def _message(i: int, m: Any) -> dict:
     where = f"messages[{i}]"
     if not isinstance(m, dict):
@@ -240,16 +254,19 @@ def _common(body: dict, kind: str, prompt, n_ctx: int, default_max: int) -> APIR
                          "true or false") is True
     speculative = _optional(body, "speculative", lambda v: isinstance(v, bool),
                             "true or false") is not False
+    context = num_ctx(body.get("num_ctx"), "num_ctx")
     generation = GenerationRequest(prompt, max_tokens=max_tokens, sampling=sampling,
                                    speculative=speculative, raw=kind == "completion", stop=stop,
                                    constraint=constraint, tools=tools, tool_choice=choice,
-                                   parallel_tool_calls=parallel, logprobs=logprobs)
+                                   parallel_tool_calls=parallel, logprobs=logprobs,
+                                   think=_think(body) if kind == "chat" else None)
     return APIRequest(kind=kind, model=body.get("model"), generation=generation, stream=stream,
-                      include_usage=include_usage)
+                      include_usage=include_usage, num_ctx=context)
 
 
 def parse_chat(body: Any, n_ctx: int) -> APIRequest:
-    """A ``POST /v1/chat/completions`` body. Without max_tokens, up to the context edge."""
+    """A ``POST /v1/chat/completions`` body, checked against the context ``n_ctx`` it will be
+    served with. Without max_tokens, up to the context edge."""
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object", code="invalid_json")
     refuse_unknown(body, CHAT_FIELDS)

@@ -1,5 +1,7 @@
 """The OpenAI wire format's responses: whole bodies, stream chunks, usage, log-probabilities,
-tool calls, and the ``edgespec`` field that says how speculation did. Plain Python."""
+tool calls, a thinking model's reasoning (``reasoning_content``, as llama.cpp's server and
+DeepSeek's API send it), and the ``edgespec`` field that says how speculation did and, for
+chat, what rendered the messages. Plain Python."""
 
 from __future__ import annotations
 
@@ -7,17 +9,27 @@ import time
 import uuid
 from typing import Optional
 
-class Reply:
-    """The identity shared by every body of one response: id, time, model."""
+from ..chat_template import ChatTemplate
 
-    def __init__(self, kind: str, model: str):
+
+class Reply:
+    """The identity shared by every body of one response: id, time, model; ``template``: the
+    chat template that rendered a chat request's messages (its label goes in the ``edgespec``
+    field, read once the generation has ended: a template that failed has fallen back)."""
+
+    def __init__(self, kind: str, model: str, template: Optional[ChatTemplate] = None):
         self.kind = kind
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.model = model
+        self.template = template
 
     def _base(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def edgespec(self, stats) -> dict:
+        """The ``edgespec`` field of a whole response or a stream's last chunk."""
+        return {**speculation(stats), **template_field(self.template)}
 
     # -- whole responses ------------------------------------------------------------------
 
@@ -26,6 +38,8 @@ class Reply:
         lp = self.logprobs(gen.logprobs, token_bytes)
         if self.kind == "chat":
             message: dict = {"role": "assistant", "content": gen.text}
+            if gen.thinking:
+                message["reasoning_content"] = gen.thinking
             if gen.tool_calls:
                 message["content"] = gen.text or None
                 message["tool_calls"] = [c.to_openai() for c in gen.tool_calls]
@@ -37,7 +51,7 @@ class Reply:
                       "finish_reason": gen.finish_reason}
             body = self._base("text_completion")
         return {**body, "choices": [choice], "usage": usage(gen.stats),
-                "edgespec": speculation(gen.stats)}
+                "edgespec": self.edgespec(gen.stats)}
 
     def logprobs(self, entries, token_bytes) -> Optional[dict]:
         """OpenAI's logprobs object for these :class:`~edgespec.results.TokenLogprob`s:
@@ -72,12 +86,15 @@ class Reply:
     def chunk(self, text: Optional[str], *, first: bool = False,
               finish: Optional[str] = None, include_usage: bool = False,
               logprobs: Optional[dict] = None, tool_calls: Optional[list] = None,
-              edgespec: Optional[dict] = None) -> dict:
-        """A chunk with ``text`` (chat: the role goes in the first delta only); ``edgespec``:
-        how its token came (:func:`token_event`), a field OpenAI clients ignore."""
+              edgespec: Optional[dict] = None, thinking: str = "") -> dict:
+        """A chunk with ``text`` and (chat) ``thinking``, the reasoning (the role goes in the
+        first delta only); ``edgespec``: how its token came (:func:`token_event`), a field
+        OpenAI clients ignore."""
         if self.kind == "chat":
             delta: dict = {"role": "assistant", "content": text or ""} if first else \
-                ({"content": text} if text is not None else {})
+                ({"content": text} if text is not None and (text or not thinking) else {})
+            if thinking:
+                delta["reasoning_content"] = thinking
             if tool_calls:
                 delta = {"tool_calls": [{"index": i, **c.to_openai()}
                                         for i, c in enumerate(tool_calls)]}
@@ -97,13 +114,13 @@ class Reply:
 
     def final_chunk(self, gen, include_usage: bool) -> dict:
         body = self.chunk(None, finish=gen.finish_reason, include_usage=include_usage)
-        body["edgespec"] = speculation(gen.stats)
+        body["edgespec"] = self.edgespec(gen.stats)
         return body
 
     def usage_chunk(self, gen) -> dict:
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
         return {**self._base(obj), "choices": [], "usage": usage(gen.stats),
-                "edgespec": speculation(gen.stats)}
+                "edgespec": self.edgespec(gen.stats)}
 
 
 def token_event(event, token_bytes) -> dict:
@@ -119,6 +136,13 @@ def token_event(event, token_bytes) -> dict:
         out["round"] = {"drafted": [spell(t) for t in r.drafted], "accepted": r.accepted,
                         "token": spell(event.token), "source": r.source}
     return out
+
+
+def template_field(template: Optional[ChatTemplate]) -> dict:
+    """What rendered a chat request's messages, for its ``edgespec`` field: ``chat_template``
+    is ``"model"`` (its own template), ``"none (plain text)"`` (a model without one: the
+    messages' text, continued) or ``"fallback (ChatML)"``. Nothing for a raw prompt."""
+    return {} if template is None else {"chat_template": template.label}
 
 
 def usage(stats) -> dict:

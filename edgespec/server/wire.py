@@ -46,14 +46,16 @@ class APIRequest:
     """One HTTP request for a generation: ``generation``, the core request, handed to the
     Engine as it is, and what only the HTTP side reads: ``kind`` ("chat" or "completion":
     the reply's shape, and the field that holds the prompt), the ``model`` named (None: the
-    server's default), whether to ``stream``, and whether a stream ends with a usage chunk
-    (``include_usage``, OpenAI's)."""
+    server's default), whether to ``stream``, whether a stream ends with a usage chunk
+    (``include_usage``, OpenAI's), and the context the model must be loaded with
+    (``num_ctx``; None: any, :mod:`.contexts`)."""
 
     kind: str
     model: Optional[str]
     generation: GenerationRequest
     stream: bool
     include_usage: bool = False
+    num_ctx: Optional[int] = None
 
     # The generation's fields, read through this object
     prompt = property(lambda self: self.generation.prompt)
@@ -126,6 +128,24 @@ def message_list(body: dict) -> list:
     if not isinstance(messages, list) or not messages:
         raise invalid("messages", messages, "a non-empty list of {role, content} objects")
     return messages
+
+
+def num_ctx(value: Any, name: str) -> Optional[int]:
+    """A requested context size: None, or an integer >= 1 (an APIError names ``name``)."""
+    if value is None:
+        return None
+    n = checked(name, value, "int")
+    if n < 1:
+        raise invalid(name, n, "an integer >= 1 (tokens of context)")
+    return n
+
+
+def asked(body: Any, *path: str) -> Any:
+    """``body[path[0]][path[1]]…`` when every step is an object holding the next (else
+    None): what a body asks for, read before it is checked."""
+    for key in path:
+        body = body.get(key) if isinstance(body, dict) else None
+    return body
 
 
 def check_size(n_chars: int, n_ctx: int, param: str) -> None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 from ..config import CHAT_MAX_TOKENS, SamplingParams
 from ..conversation import Conversation
 from ..errors import EdgespecError, InvalidParameterError
+from ..thinking import Shown
 
 if TYPE_CHECKING:  # the engine (numpy, llama.cpp) loads only when a chat starts
     from ..constraints import Constraint
@@ -112,9 +113,11 @@ class ChatSession:
                                     speculative=self.speculative, constraint=self.constraint)
         try:
             # A Ctrl-C that came before the engine started listening is honoured here.
+            shown = Shown()        # a thinking model's reasoning, marked, before its answer
             for event in (stream if not self._interrupted else ()):
-                if event.text:
-                    on_piece(event.text, event.from_draft)
+                piece = shown(event)
+                if piece:
+                    on_piece(piece, event.from_draft)
                 if self._interrupted:
                     break
         finally:

@@ -731,6 +731,16 @@ async function compare() {
 // ---------------------------------------------------------------------------------------
 // The model picker
 
+let modelCards = [];
+
+// A model without a chat template gets the messages as plain text (the server says so in
+// each card's edgespec.chat_template): the note beside the picker says so too.
+function showModelNote() {
+  const card = modelCards.find((c) => c.id === $("model").value);
+  const format = ((card && card.edgespec) || {}).chat_template || "";
+  $("model-note").hidden = !format.startsWith("none");
+}
+
 async function loadModels() {
   let cards;
   try {
@@ -752,6 +762,8 @@ async function loadModels() {
   const loaded = cards.find((c) => c.edgespec && c.edgespec.loaded);
   const chosen = saved || loaded || cards[0];
   if (chosen) select.value = chosen.id;
+  modelCards = cards;
+  showModelNote();
   if (!cards.length) showError("the server lists no models: get one with `edgespec pull`");
 }
 
@@ -778,6 +790,7 @@ function start() {
       $("schema").classList.add("invalid");
     }
   });
+  $("model").addEventListener("change", showModelNote);
   $("send").addEventListener("click", send);
   $("stop").addEventListener("click", () => { if (inFlight) inFlight.abort(); });
   $("regenerate").addEventListener("click", regenerate);

@@ -1,0 +1,38 @@
+"""What the listings (OpenAI's ``/v1/models``, Ollama's ``/api/show``) say of a model beyond
+its files: the context it is served with, its chat template, whether it thinks. A loaded
+model answers for itself; one not loaded answers from its GGUF header
+(:class:`~edgespec.catalogue.CatalogEntry`) and the context it would be loaded with."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+from ..catalogue import CatalogEntry
+from ..chat_template import LABELS
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+    from .models import ModelManager
+
+
+def contexts(manager: ModelManager, entry: CatalogEntry) -> tuple[int, Optional[int]]:
+    """The contexts of ``entry``'s target and draft (None: it drafts without a draft model):
+    as loaded now, or as a request that asks for none would load them."""
+    n_ctx = manager.context_for(entry.name)
+    engine = manager.engine_for(entry.name)
+    if engine is not None:
+        return n_ctx, engine.draft.n_ctx if engine.draft is not None else None
+    return n_ctx, n_ctx if entry.draft is not None else None
+
+
+def template_label(entry: CatalogEntry, engine: Optional[Engine]) -> str:
+    """What renders the model's chat messages (:attr:`~edgespec.chat_template.ChatTemplate.
+    label`): ``"none (plain text)"`` for a model whose file has no chat template."""
+    if engine is not None:
+        return engine.template.label
+    return LABELS["model" if entry.has_template else "plain"]
+
+
+def thinks(entry: CatalogEntry, engine: Optional[Engine]) -> bool:
+    """Whether the model's chat template has a thinking mode (:mod:`edgespec.thinking`)."""
+    return engine.template.thinking is not None if engine is not None else entry.thinks
