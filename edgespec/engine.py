@@ -32,6 +32,7 @@ from .chat_template import ChatTemplate, validate_messages
 from .config import ModelConfig, SamplingParams, SpecConfig, default_threads
 from .constraints import Constraint, GrammarState, tokenizer_for
 from .drafting import HEAD_MIN_VOCAB, Drafter, EngineDrafting, ReducedHead, Translation
+from .embedding import Embedder, Embeddings, Inputs
 from .errors import ContextOverflowError, EngineClosedError, InvalidParameterError
 from .generation import not_started, run_generation
 from .lm import LoadedModel
@@ -88,6 +89,8 @@ class Engine:
         self._check_cache_ram(cache_ram)
         # The states of other conversations than the live one, in host memory
         self.prompt_cache = PromptCache(cache_ram * 2**20)
+        # Embeddings of the target, on a context of their own made on first use
+        self._embedder = Embedder.sharing(target)
         # Held while the models are used outside a turn (tokenizing, info) and by close()
         # while it frees them.
         self._life = threading.Lock()
@@ -405,6 +408,16 @@ class Engine:
                 pass
         return s.result
 
+    def embed(self, inputs: Inputs, *, truncate: bool = True,
+              dimensions: Optional[int] = None, normalize: bool = True) -> Embeddings:
+        """One vector per input text (or token-id list) from the target's last hidden states,
+        mean-pooled and L2-normalised, on a llama.cpp context of its own (made on the first
+        call; generations go on beside it). See :class:`~edgespec.embedding.Embedder` for
+        the arguments; ``Embedder.load`` loads an embedding model of its own."""
+        self._check_open()
+        return self._embedder.embed(inputs, truncate=truncate, dimensions=dimensions,
+                                    normalize=normalize)
+
     def cancel(self) -> None:
         """Stop the generation running now (not the queued ones), within one decoding step.
 
@@ -444,6 +457,7 @@ class Engine:
             self._drafting.save_refined()
         self.prompt_cache.forget()
         with self._life:
+            self._embedder.close()          # its context is made on the target's weights
             if self.draft is not None:
                 self.draft.close()
             self.target.close()
