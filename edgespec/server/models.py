@@ -211,7 +211,8 @@ class ModelManager:
                 awaited = slot if slot.engine is None else None
                 await self._wait()
                 continue
-            victims = self.budget.victims(self._slots.values(), self._closing, need)
+            victims = self.budget.victims(self._slots.values(), self._closing, need,
+                                          embedding=entry.kind == "embedding")
             if victims is None:
                 await self._wait()        # until a lease ends or a load finishes
                 continue
@@ -253,7 +254,8 @@ class ModelManager:
         # what the load took, when it took more than the files and KV caches (llama.cpp's
         # extra CPU buffer types hold a repacked copy of the weights beside the mapped file)
         slot.size = max(entry.memory(engine.n_ctx), grown)
-        self._n_ctx = engine.n_ctx
+        if entry.kind != "embedding":     # an embedder's context is its longest input
+            self._n_ctx = engine.n_ctx
         slot.loaded_at = time.time()
         slot.leases = 1
         log.info("loaded %s in %.1f s", entry.name, seconds)

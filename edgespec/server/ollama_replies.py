@@ -192,7 +192,9 @@ def show_body(entry, info: dict, template: str, n_ctx: int) -> dict:
                  + f"PARAMETER num_ctx {n_ctx}\n")
     return {"modelfile": modelfile, "parameters": f"{'num_ctx':<30} {n_ctx}",
             "template": template, "details": _details(entry), "model_info": model_info,
-            "capabilities": ["completion", "tools"], "modified_at": _at(entry.modified),
+            "capabilities": (["embedding"] if entry.kind == "embedding"
+                             else ["completion", "tools"]),
+            "modified_at": _at(entry.modified),
             "edgespec": {"kind": entry.kind, "target": str(entry.target),
                          "draft": str(entry.draft) if entry.draft else None,
                          "context_length_trained": target.get("n_ctx_train"), "pair": info}}
