@@ -32,7 +32,7 @@ from ..gguf_file import (POOLING_MEAN, GGUFInfo, check_embedding_model, declared
 from .model import LlamaModel
 from .runtime import ensure_init
 from .vocab import HasVocabulary, Vocabulary
-from .weights import load_weights
+from .weights import free_context, load_weights
 
 SEQUENCES = 16                 # texts per pass at most
 LOGITS_BUDGET = 512 << 20      # bytes of logits a generative model's embedding pass may take
@@ -178,12 +178,8 @@ class EmbeddingModel(HasVocabulary):
     def close(self) -> None:
         """Free the context (and the weights, when this object loaded them). Safe twice."""
         with self.lock:
-            if self._batch is not None:
-                C.llama_batch_free(self._batch)
-                self._batch = None
-            if self._ctx:
-                C.llama_free(self._ctx)
-            self._ctx = None
+            free_context(self._ctx, self._batch)
+            self._ctx = self._batch = None
             if self._handle and self._owner is None:
                 C.llama_model_free(self._handle)
             self._handle = None

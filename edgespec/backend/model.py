@@ -33,7 +33,7 @@ from .runtime import ensure_init, ggml, gpu_devices
 from .sequence import KVSequence, ModelState, check_parts, plan_calls
 from .tap import Tap
 from .vocab import HasVocabulary, Vocabulary
-from .weights import load_weights
+from .weights import free_context, load_weights
 
 _DECODE_ERRORS = {1: "no room in the KV cache", 2: "aborted", -1: "invalid batch"}
 
@@ -352,12 +352,8 @@ class LlamaModel(HasVocabulary):
         if self._closed:
             return
         self._closed = True
-        if self._batch is not None:
-            C.llama_batch_free(self._batch)
-            self._batch = None
-        if self._ctx:
-            C.llama_free(self._ctx)
-            self._ctx = None
+        free_context(self._ctx, self._batch)
+        self._ctx = self._batch = None
         self._tap = None    # the callback may go only once no context can call it
         if self._model:
             C.llama_model_free(self._model)

@@ -1,6 +1,6 @@
 """A GGUF's weights loaded by llama.cpp with edgespec's settings (offload, extra CPU buffer
 types, devices): the ``llama_model`` that a generating context (:mod:`.model`) and an
-embedding context (:mod:`.embedding`) are made on."""
+embedding context (:mod:`.embedding`) are made on; and how such a context is freed."""
 
 from __future__ import annotations
 
@@ -36,3 +36,11 @@ def load_weights(config: ModelConfig, info: GGUFInfo,
                                           "verbose=True to see llama.cpp's log)",
                              options=("verbose",))
     return handle, extra
+
+
+def free_context(ctx, batch) -> None:
+    """Free a llama.cpp context and its batch (either may be None), before their model."""
+    if batch is not None:
+        C.llama_batch_free(batch)
+    if ctx:
+        C.llama_free(ctx)
