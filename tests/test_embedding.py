@@ -11,6 +11,7 @@ import os
 import struct
 import subprocess
 import sys
+import threading
 import zipfile
 
 from pathlib import Path
@@ -286,6 +287,16 @@ def test_an_engine_embeds_beside_its_generations(smollm2_q4_path):
         assert same_vectors(v, np.stack([eng.embed(t).vectors[0] for t in TEXTS]))
         assert same_vectors(v[0], v[3])
         assert eng.generate("Name a colour.", max_tokens=8, sampling=greedy).text == before
+        # embeddings from another thread while generations run: both as when alone
+        during: list = []
+        worker = threading.Thread(target=lambda: during.extend(
+            eng.embed(TEXTS).vectors for _ in range(3)))
+        worker.start()
+        texts = [eng.generate("Name a colour.", max_tokens=8, sampling=greedy).text
+                 for _ in range(3)]
+        worker.join()
+        assert texts == [before] * 3
+        assert len(during) == 3 and all(same_vectors(d, v) for d in during)
         assert eng.embed("word " * 600).token_counts == (512,)
         embedder = eng._embedder
     with pytest.raises(EngineClosedError):

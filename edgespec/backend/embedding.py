@@ -11,8 +11,9 @@ one) is mean-pooled.
 Several texts go in one pass, one sequence each (:func:`plan_passes`), within ``n_batch``
 tokens and ``n_seq`` sequences. llama.cpp pools within one micro-batch, so the batch is one
 micro-batch and a text longer than it cannot be embedded: callers truncate or refuse first
-(``n_ctx``). In embedding mode llama.cpp still applies a generative model's output layer to
-every token, so that context is kept to what :data:`LOGITS_BUDGET` bytes of logits allow.
+(``n_ctx``). In embedding mode llama.cpp still applies a decoder's output layer to every
+token, so a decoder's context (a generative model's, or a decoder embedding model's) is kept
+to what :data:`LOGITS_BUDGET` bytes of logits allow.
 """
 
 from __future__ import annotations
@@ -28,14 +29,14 @@ import llama_cpp.llama_cpp as C
 from ..config import ModelConfig
 from ..errors import BackendError, ModelLoadError
 from ..gguf_file import (POOLING_MEAN, GGUFInfo, check_embedding_model, declared_pooling,
-                         is_embedding_model, read_gguf)
+                         has_kv_cache, read_gguf)
 from .model import LlamaModel
 from .runtime import ensure_init
 from .vocab import HasVocabulary, Vocabulary
 from .weights import free_context, load_weights
 
 SEQUENCES = 16                 # texts per pass at most
-LOGITS_BUDGET = 512 << 20      # bytes of logits a generative model's embedding pass may take
+LOGITS_BUDGET = 512 << 20      # bytes of logits a decoder's embedding pass may take
 MIN_CONTEXT = 256              # tokens per text a generative model embeds at least
 CONTEXT_PAD = 256
 POOLING_NAMES = {1: "mean", 2: "cls", 3: "last"}
@@ -73,7 +74,7 @@ class EmbeddingModel(HasVocabulary):
         self.n_ctx_train = C.llama_model_n_ctx_train(handle)
         self.n_ctx = min(n_ctx, self.n_ctx_train or n_ctx)
         declared = declared_pooling(info)
-        if not is_embedding_model(info):     # the output layer runs on every token
+        if has_kv_cache(info):    # a decoder: its output layer runs on every token
             per_token = 4 * max(1, vocabulary.info.n_vocab)
             self.n_ctx = min(self.n_ctx, max(MIN_CONTEXT, LOGITS_BUDGET // per_token))
         try:
