@@ -17,27 +17,31 @@ from typing import TYPE_CHECKING
 from .config import SamplingParams, SpecConfig
 from .errors import (BackendError, ConstraintError, ContextOverflowError, EdgespecError,
                      EngineBusyError, EngineClosedError, IncompatiblePairError,
-                     InvalidModelError, InvalidParameterError, ModelLoadError,
+                     InputTooLongError, InvalidModelError, InvalidParameterError, ModelLoadError,
                      ModelNotFoundError, PromptTooLargeError, TemplateError, TemplateRefused)
 from .request import GenerationRequest
 from .results import Generation, GenerationStats, StreamEvent, TokenLogprob
 
 if TYPE_CHECKING:
     from .constraints import Constraint
+    from .embedding import Embedder, Embeddings
     from .engine import Engine
     from .streams import AsyncStream, Stream
     from .tools import Tool, ToolCall
 
 __version__ = "0.1.0"
 
-_LAZY = {"Engine": "engine", "Stream": "streams", "AsyncStream": "streams",
+_LAZY = {"Engine": "engine", "Embedder": "embedding", "Embeddings": "embedding",
+         "Stream": "streams", "AsyncStream": "streams",
          "Constraint": "constraints", "Tool": "tools", "ToolCall": "tools"}
 
-__all__ = ["Engine", "GenerationRequest", "SamplingParams", "SpecConfig", "Generation",
+__all__ = ["Engine", "Embedder", "Embeddings", "GenerationRequest", "SamplingParams",
+           "SpecConfig", "Generation",
            "GenerationStats", "Stream", "AsyncStream", "StreamEvent", "TokenLogprob",
            "Constraint", "Tool", "ToolCall",
            "EdgespecError", "InvalidParameterError", "ConstraintError",
            "ModelLoadError", "InvalidModelError", "IncompatiblePairError", "ContextOverflowError",
+           "InputTooLongError",
            "BackendError", "ModelNotFoundError", "EngineClosedError", "EngineBusyError",
            "TemplateError", "TemplateRefused", "PromptTooLargeError", "__version__"]
 

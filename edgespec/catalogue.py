@@ -5,7 +5,8 @@ models on demand), ``edgespec pairs`` (the files of your own beside the registry
 pull`` (the name a pulled model is served under) and ``edgespec rm`` (a file of your own).
 
 :func:`scan_catalog` lists what a request may name: each registry pair whose two files are
-here (by the pair's name), each ``*.gguf`` file in the models folder (by its file name without
+here (by the pair's name), each registry embedding model that is here (by its name),
+each ``*.gguf`` file in the models folder (by its file name without
 ``.gguf``), each registry model pulled alone into the hub cache (by its registry name), and
 the models the server was started with (:func:`entry_for`). Reading a file's header is cached
 by path, size and modification time, so a re-scan costs a directory listing and a few
@@ -26,7 +27,8 @@ from typing import Mapping, Optional, Sequence, Union
 
 from . import paths
 from .errors import EdgespecError, ModelLoadError, ModelNotFoundError
-from .gguf_file import check_causal_lm, read_gguf
+from .gguf_file import (check_causal_lm, check_embedding_model, has_kv_cache,
+                        is_embedding_model, read_gguf)
 from .registry import model_path, registry
 from .registry.pairs import is_present
 from .thinking import thinking_mode
@@ -52,8 +54,9 @@ FILE_TYPES = {
 class CatalogEntry:
     """One model a request may name.
 
-    ``kind``: ``"pair"`` (a registry pair: ``draft`` is its draft) or ``"gguf"`` (one file;
-    ``draft`` None unless the server was started with one). ``size``: bytes on disk, target
+    ``kind``: ``"pair"`` (a registry pair: ``draft`` is its draft), ``"gguf"`` (one file;
+    ``draft`` None unless the server was started with one) or ``"embedding"`` (an embedding
+    model: it embeds, and cannot generate). ``size``: bytes on disk, target
     and draft. ``modified``: the target file's mtime (epoch seconds). ``details``: Ollama's
     ``details`` object (``format``, ``family``, ``families``, ``parameter_size``,
     ``quantization_level``), read from the target's GGUF header. ``digest``: a sha256 of the
@@ -96,6 +99,7 @@ class _Header:
     n_ctx_train: int
     has_template: bool
     thinks: bool
+    embedding: bool              # an embedding model (gguf_file.is_embedding_model)
 
 
 def _count(n: float) -> str:
@@ -126,7 +130,8 @@ def _parse_header(path: Path) -> _Header:
     """What the catalog shows of ``path``; raises :class:`EdgespecError` for a file that is
     not a usable GGUF model."""
     info = read_gguf(path)
-    check_causal_lm(info)
+    embedding = is_embedding_model(info)
+    (check_embedding_model if embedding else check_causal_lm)(info)
     md = info.metadata
     label = md.get("general.size_label")
     if not (isinstance(label, str) and label):
@@ -135,9 +140,10 @@ def _parse_header(path: Path) -> _Header:
     quant = FILE_TYPES.get(ftype, f"type {ftype}") if isinstance(ftype, int) else "unknown"
     trained = md.get(f"{info.architecture}.context_length")
     template = info.chat_template
-    return _Header(info.architecture, label, quant, _kv_bytes_per_token(md, info.architecture),
+    kv = _kv_bytes_per_token(md, info.architecture) if has_kv_cache(info) else 0
+    return _Header(info.architecture, label, quant, kv,
                    trained if isinstance(trained, int) and not isinstance(trained, bool) else 0,
-                   bool(template), thinking_mode(template) is not None)
+                   bool(template), thinking_mode(template) is not None, embedding)
 
 
 # Headers read, by (path, size, mtime_ns): a re-scan reads only new or changed files.
@@ -165,7 +171,8 @@ def _read_header(path: Path) -> tuple[_Header, int, float]:
 def entry_for(name: str, target: Union[str, Path], draft: Union[str, Path, None] = None,
               kind: Optional[str] = None) -> CatalogEntry:
     """The catalog entry of ``target`` (and ``draft``) under ``name``: how the server names the
-    model it was started with. ``kind`` defaults to ``"pair"`` with a draft, else ``"gguf"``.
+    model it was started with. ``kind`` defaults to ``"pair"`` with a draft, else
+    ``"embedding"`` for an embedding model, else ``"gguf"``.
 
     Raises :class:`EdgespecError` (a :class:`~edgespec.errors.ModelLoadError`) when a file is
     missing or not a usable GGUF model."""
@@ -183,9 +190,9 @@ def entry_for(name: str, target: Union[str, Path], draft: Union[str, Path, None]
                "quantization_level": header.quantization_level}
     digest = hashlib.sha256("\0".join((name, str(t), str(d or ""), str(size), repr(mtime))
                                       ).encode()).hexdigest()
-    return CatalogEntry(name, t, d, kind or ("pair" if d is not None else "gguf"), size, mtime,
-                        details, digest, kv, header.n_ctx_train, header.has_template,
-                        header.thinks)
+    kind = kind or ("pair" if d is not None else "embedding" if header.embedding else "gguf")
+    return CatalogEntry(name, t, d, kind, size, mtime, details, digest, kv, header.n_ctx_train,
+                        header.has_template, header.thinks)
 
 
 @functools.lru_cache(maxsize=256)
@@ -194,8 +201,8 @@ def _warn_once(message: str) -> None:
     log.warning(message)
 
 
-def _scanned(name: str, target: Path, draft: Optional[Path], kind: str
-             ) -> Optional[CatalogEntry]:
+def _scanned(name: str, target: Path, draft: Optional[Path] = None,
+             kind: Optional[str] = None) -> Optional[CatalogEntry]:
     try:
         return entry_for(name, target, draft, kind)
     except EdgespecError as e:
@@ -248,15 +255,20 @@ def scan_catalog(models_dir: Optional[Path] = None, extra: Sequence[CatalogEntry
                              "pair")
             if entry is not None:
                 found[pair.name] = entry
+    for emb in reg.embeddings.values():
+        if is_present(emb.model):
+            entry = _scanned(emb.name, model_path(emb.model))
+            if entry is not None:
+                found[emb.name] = entry
     for path in folder_files(folder):
         name = path.name[:-len(".gguf")]
         if name not in found:
-            entry = _scanned(name, path, None, "gguf")
+            entry = _scanned(name, path)
             if entry is not None:
                 found[name] = entry
     for model in reg.models.values():   # hub models pulled alone live outside the folder
         if model.kind == "hub" and model.name not in found and is_present(model.name):
-            entry = _scanned(model.name, model_path(model.name), None, "gguf")
+            entry = _scanned(model.name, model_path(model.name))
             if entry is not None:
                 found[model.name] = entry
     for entry in extra:
@@ -314,7 +326,7 @@ class ModelNotFound(ModelNotFoundError):
             return
         bare = tagless(name)
         reg = registry()
-        if bare in reg.pairs or bare in reg.models:
+        if bare in reg.pairs or bare in reg.models or bare in reg.embeddings:
             fix = f"`edgespec pull {bare}` downloads it"
         else:
             fix = (f"put its GGUF file in {models_folder}, or `edgespec pairs` lists the pairs "

@@ -34,6 +34,7 @@ from .config import ModelConfig, SamplingParams, SpecConfig, default_threads
 from .constraints import Constraint
 from .drafting import HEAD_MIN_VOCAB, ReducedHead
 from .drafting.engine_drafting import EngineDrafting
+from .embedding import Embedder, Embeddings, Inputs
 from .errors import EngineClosedError, InvalidParameterError
 from .generation import not_started, run_generation
 from .lanes import Lanes
@@ -62,10 +63,6 @@ class Engine:
                  progress: Callable[[str], None] = lambda s: None):
         self.target = target
         self.draft = draft
-        if len(target.sequences) < parallel or (draft is not None
-                                                and len(draft.sequences) < parallel):
-            raise InvalidParameterError("parallel", parallel, "at most the sequences the models "
-                                        "were loaded with (ModelConfig.n_seq)")
         # A draft of another vocabulary drafts through a map between the two ("check": the
         # pair was not checked yet; None: the draft shares the target's tokenizer).
         if isinstance(vocab_map, str):
@@ -86,9 +83,10 @@ class Engine:
         self.parallel = parallel
         self._lanes = Lanes(target, draft if spec.uses_draft_model else None, self.draft_head,
                             parallel, plan=self._drafting.plan_round)
-        self._check_cache_ram(cache_ram)
         # The states of other conversations than the live ones, in host memory
-        self.prompt_cache = PromptCache(cache_ram * 2**20)
+        self.prompt_cache = PromptCache.of_mib(cache_ram)
+        # Embeddings of the target, on a context of their own made on first use
+        self._embedder = Embedder.sharing(target)
         self._closed = False
         _open_engines.add(self)
 
@@ -163,12 +161,6 @@ class Engine:
                 if m is not None:
                     m.close()
             raise
-
-    @staticmethod
-    def _check_cache_ram(cache_ram) -> None:
-        if not isinstance(cache_ram, int) or isinstance(cache_ram, bool) or cache_ram < 0:
-            raise InvalidParameterError("cache_ram", cache_ram, "an integer >= 0 (MiB; 0 "
-                                        "turns the prompt cache off)")
 
     @property
     def spec(self) -> SpecConfig:
@@ -335,12 +327,17 @@ class Engine:
                 pass
         return s.result
 
-    def cancel(self) -> None:
-        """Stop the generations running now (not the queued ones), within one decoding step.
+    def embed(self, inputs: Inputs, *, truncate: bool = True,
+              dimensions: Optional[int] = None, normalize: bool = True) -> Embeddings:
+        """One vector per input (text or token ids) from the target's pooled last hidden states,
+        on a context of its own (:class:`~edgespec.embedding.Embedder`: the arguments)."""
+        self._check_open()
+        return self._embedder.embed(inputs, truncate=truncate, dimensions=dimensions,
+                                    normalize=normalize)
 
-        Thread-safe and never blocks; the stopped generations end with ``finish_reason
-        "cancelled"``. A no-op when nothing is running.
-        """
+    def cancel(self) -> None:
+        """Stop the generations running now (not the queued ones) within one decoding step;
+        they end with ``finish_reason "cancelled"``. Any thread; never blocks."""
         for job in self._lanes.running:
             job.cancel()
 
@@ -372,6 +369,7 @@ class Engine:
             self._drafting.save_refined()
         self.prompt_cache.forget()
         with self._life:
+            self._embedder.close()          # its context is made on the target's weights
             if self.draft is not None:
                 self.draft.close()
             self.target.close()

@@ -73,6 +73,19 @@ class ContextOverflowError(EdgespecError):
             "or load the models with a larger n_ctx")
 
 
+class InputTooLongError(ContextOverflowError):
+    """A text to embed is longer than the model embeds, and truncating was not allowed."""
+
+    options = ("truncate",)
+
+    def __init__(self, index: int, n_tokens: int, n_ctx: int):
+        self.index = index
+        EdgespecError.__init__(
+            self, f"input {index} is {n_tokens} tokens but this model embeds at most {n_ctx} "
+            f"(its context): shorten it, or pass truncate=True to embed its first {n_ctx}")
+        self.n_prompt, self.n_ctx = n_tokens, n_ctx
+
+
 class BackendError(EdgespecError):
     """llama.cpp refused an operation (decode failure, cache that cannot be trimmed, …)."""
 

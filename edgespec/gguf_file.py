@@ -35,9 +35,12 @@ GGML_BLOCK = {
     34: (256, 54), 35: (256, 66), 39: (32, 17), 40: (64, 36), 41: (128, 18),
 }
 
-# Architectures llama.cpp loads that are not causal language models.
-_NOT_CAUSAL = {"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3",
-               "neo-bert", "modern-bert", "t5encoder", "clip", "wavtokenizer-dec", "eurobert"}
+# Architectures llama.cpp loads that are not causal language models: the text-embedding
+# encoders (loaded for embeddings, :func:`check_embedding_model`), and the rest.
+EMBEDDING_ARCHS = frozenset({"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2",
+                             "jina-bert-v3", "neo-bert", "modern-bert", "eurobert"})
+_NOT_CAUSAL = EMBEDDING_ARCHS | {"t5encoder", "clip", "wavtokenizer-dec"}
+POOLING_NONE, POOLING_MEAN, POOLING_RANK = 0, 1, 4     # llama_pooling_type
 _NOT_A_MODEL_TYPES = {"adapter": "a LoRA/control-vector adapter",
                       "mmproj": "a multimodal projector", "clip-vision": "a vision encoder"}
 
@@ -250,19 +253,59 @@ def _parse(p: Path, mm, size: int) -> GGUFInfo:
     return info
 
 
-def check_causal_lm(info: GGUFInfo) -> None:
-    """Refuse files that llama.cpp may load but that cannot generate text."""
+def _check_model_file(info: GGUFInfo) -> str:
+    """The architecture of a file that holds a model (not an adapter, a projector, …)."""
     gtype = str(info.metadata.get("general.type", "")).lower()
     if gtype in _NOT_A_MODEL_TYPES:
         raise ModelLoadError(info.path, f"is {_NOT_A_MODEL_TYPES[gtype]}, not a language model")
     arch = info.architecture
     if not arch:
         raise _bad(info.path, "no general.architecture in its metadata")
-    if arch in _NOT_CAUSAL:
-        raise ModelLoadError(info.path, f"architecture '{arch}' is an encoder/embedding model, "
-                                        "not a text-generation model")
     if info.n_tensors == 0:
         raise _bad(info.path, "it holds no tensors")
+    return arch
+
+
+def check_causal_lm(info: GGUFInfo) -> None:
+    """Refuse files that llama.cpp may load but that cannot generate text."""
+    arch = _check_model_file(info)
+    if arch in EMBEDDING_ARCHS:
+        raise ModelLoadError(info.path, f"architecture '{arch}' is an embedding model, not a "
+                                        "text-generation model (edgespec.Embedder loads it)")
+    if arch in _NOT_CAUSAL:
+        raise ModelLoadError(info.path, f"architecture '{arch}' is an encoder model, not a "
+                                        "text-generation model")
+
+
+def declared_pooling(info: GGUFInfo) -> int | None:
+    """The pooling the file declares (``<arch>.pooling_type``, a llama_pooling_type), or
+    None."""
+    value = info.metadata.get(f"{info.architecture}.pooling_type")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def is_embedding_model(info: GGUFInfo) -> bool:
+    """Whether the file is an embedding model rather than a generative one: a text encoder's
+    architecture, or a declared pooling (as Ollama decides a model's capabilities)."""
+    return info.architecture in EMBEDDING_ARCHS or declared_pooling(info) not in (
+        None, POOLING_NONE)
+
+
+def has_kv_cache(info: GGUFInfo) -> bool:
+    """Whether llama.cpp keeps a KV cache for the model (encoders attend to the whole input
+    at once and keep none)."""
+    return info.architecture not in _NOT_CAUSAL
+
+
+def check_embedding_model(info: GGUFInfo) -> None:
+    """Refuse files that cannot turn a text into one vector: not models, encoders of other
+    things than text, rerankers (whose pooled output is a score)."""
+    arch = _check_model_file(info)
+    if arch in _NOT_CAUSAL - EMBEDDING_ARCHS:
+        raise ModelLoadError(info.path, f"architecture '{arch}' is not a text model")
+    if declared_pooling(info) == POOLING_RANK:
+        raise ModelLoadError(info.path, "is a reranker (its pooling ranks a pair of texts), "
+                                        "not an embedding model")
 
 
 # What a vocabulary is made of: its pieces, their kinds, the tokenizer and its special ids.

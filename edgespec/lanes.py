@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
-from .errors import EngineBusyError
+from .errors import EngineBusyError, InvalidParameterError
 from .prompt_cache import common_prefix
 from .rounds import Member, Rounds
 from .stream_model import StreamModel
@@ -49,6 +49,9 @@ class Lanes:
 
     def __init__(self, target, draft, head: Optional["ReducedHead"], n: int = 1,
                  plan: Optional[Callable[[list], list]] = None):
+        if any(m is not None and len(m.sequences) < n for m in (target, draft)):
+            raise InvalidParameterError("parallel", n, "at most the sequences the models were "
+                                        "loaded with (ModelConfig.n_seq)")
         self.n = n
         self.rounds = Rounds([m for m in (draft, target) if m is not None], plan=plan)
         self.lanes = []

@@ -60,6 +60,13 @@ def cmd_pairs(args) -> int:
             print(f"    why: {p.why}")
             licences = dict.fromkeys(reg.models[m].license for m in (p.target, p.draft))
             print(f"    licence: {', '.join(licences)}")
+    for e in reg.embeddings.values():
+        st, size, where = _model_row(reg.models[e.model])
+        state = "downloaded" if st == "downloaded" else "not downloaded"
+        print(f"{e.name:20} {state:18} (embeddings) {e.description}")
+        print(f"    {'model':6} {e.model:34} {size:>9}  {st:10}  {where}")
+        if args.verbose:
+            print(f"    licence: {reg.models[e.model].license}")
     from .catalogue import own_files
     own = own_files()
     if own:
@@ -67,9 +74,9 @@ def cmd_pairs(args) -> int:
               "`edgespec pair derive`)")
         for p in own:
             print(f"    {p.name:41} {_size(p.stat().st_size):>9}")
-    print("\n`edgespec pull NAME` downloads a pair; `edgespec rm NAME` frees its space (a "
-          "file of your own: `edgespec rm FILE.gguf`); `-v` says why each draft suits its "
-          "target, and the models' licences.", file=sys.stderr)
+    print("\n`edgespec pull NAME` downloads a pair or an embedding model; `edgespec rm NAME` "
+          "frees its space (a file of your own: `edgespec rm FILE.gguf`); `-v` says why each "
+          "draft suits its target, and the models' licences.", file=sys.stderr)
     return 0
 
 

@@ -31,6 +31,7 @@ from typing import Any, Optional, Protocol, Sequence
 
 import numpy as np
 
+from .errors import InvalidParameterError
 from .lm import SavedState, StatefulModel
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,14 @@ class PromptCache:
         self._clock = 0
         self._lock = threading.Lock()
         self.stats = CacheStats()
+
+    @classmethod
+    def of_mib(cls, cache_ram) -> "PromptCache":
+        """A cache of ``cache_ram`` MiB (an Engine's option: 0 turns it off)."""
+        if not isinstance(cache_ram, int) or isinstance(cache_ram, bool) or cache_ram < 0:
+            raise InvalidParameterError("cache_ram", cache_ram, "an integer >= 0 (MiB; 0 "
+                                        "turns the prompt cache off)")
+        return cls(cache_ram * 2**20)
 
     @property
     def enabled(self) -> bool:

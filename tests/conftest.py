@@ -51,8 +51,14 @@ def gemma_f32_path() -> Path:
     return _real("gemma-3-270m-f32")
 
 
+@pytest.fixture(scope="session")
+def minilm_path() -> Path:
+    """all-MiniLM-L6-v2, an embedding model (BERT), converted from its PyPI wheel."""
+    return _real("all-minilm-l6-v2-f16")
+
+
 MODEL_FIXTURES = {"smollm2_q4_path", "smollm2_f32_path", "smollm2_f16_path", "smollm2_q2k_path",
-                  "gemma_q4_path", "gemma_f32_path"}
+                  "gemma_q4_path", "gemma_f32_path", "minilm_path"}
 
 
 def pytest_collection_modifyitems(items):
@@ -68,12 +74,13 @@ def pytest_collection_modifyitems(items):
 def _models_load_only_in_real_tests(request, monkeypatch):
     """Keeps the `real` marker honest: a test without it cannot load a GGUF model."""
     if request.node.get_closest_marker("real") is None:
-        from edgespec.backend import model
+        from edgespec.backend import embedding, model
 
         def refuse(self, *args, **kwargs):
             raise AssertionError("this test loads a GGUF model: mark it `real` "
                                  "(or ask for a model fixture)")
         monkeypatch.setattr(model.LlamaModel, "__init__", refuse)
+        monkeypatch.setattr(embedding.EmbeddingModel, "__init__", refuse)
 
 
 def require_tools(*tools: str, packages: str) -> None:

@@ -14,6 +14,7 @@ _.n_seq_max
 _.kv_unified
 _.n_threads_batch
 _.no_perf
+_.pooling_type
 _.cb_eval_user_data
 _.allow_requantize
 _.nthread

@@ -137,7 +137,7 @@ def test_models_keep_their_own_states():
 
 def test_an_engine_refuses_a_bad_cache_size():
     with pytest.raises(InvalidParameterError, match="cache_ram=-1 is invalid"):
-        Engine._check_cache_ram(-1)
+        PromptCache.of_mib(-1)
 
 
 # ---------------------------------------------------------------------------------------------

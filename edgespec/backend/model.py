@@ -29,11 +29,11 @@ from ..config import ModelConfig
 from ..errors import BackendError, ModelLoadError
 from ..gguf_file import GGUFInfo, check_causal_lm, read_gguf
 from ..lm import VocabInfo
-from .preflight import use_extra_buffers
 from .runtime import ensure_init, ggml, gpu_devices
 from .sequence import KVSequence, ModelState, check_parts, plan_calls
 from .tap import Tap
 from .vocab import HasVocabulary, Vocabulary
+from .weights import free_context, load_weights
 
 _DECODE_ERRORS = {1: "no room in the KV cache", 2: "aborted", -1: "invalid batch"}
 
@@ -71,21 +71,8 @@ class LlamaModel(HasVocabulary):
         self.before_step: Optional[Callable[[], int]] = None     # threads for the next pass
         self._last_spans: list = []   # the last call's (first batch index, rows) per part
 
-        mparams = C.llama_model_default_params()
-        mparams.n_gpu_layers = config.n_gpu_layers if config.n_gpu_layers >= 0 else 999
-        # AMX and repacked weights only where a child process showed that they do not kill
-        # the process on this CPU (backend/preflight.py)
-        self.extra_buffers = use_extra_buffers(self.info.tensors, config.cpu_extra_buffers)
-        mparams.use_extra_bufts = self.extra_buffers
         self._devices = devices     # llama.cpp keeps the pointer: keep the array alive
-        if devices is not None:
-            mparams.devices = ctypes.cast(devices, ctypes.c_void_p)
-        self._model = C.llama_model_load_from_file(str(self.path).encode(), mparams)
-        if not self._model:
-            raise ModelLoadError(self.path, "llama.cpp could not load this model (unsupported "
-                                            "architecture or damaged tensors; load it with "
-                                            "verbose=True to see llama.cpp's log)",
-                                 options=("verbose",))
+        self._model, self.extra_buffers = load_weights(config, self.info, devices)
         try:
             self._open_context(tap_min_vocab)
         except BaseException:
@@ -356,6 +343,12 @@ class LlamaModel(HasVocabulary):
         """The llama.cpp context (for :mod:`.sequence`)."""
         return self._ctx
 
+    @property
+    def weights(self):
+        """The llama.cpp model (for a second context on the same weights: :mod:`.embedding`;
+        close that one before this model)."""
+        return self._model
+
     def close(self) -> None:
         """Free the context, the batch and the model. Safe to call twice."""
         with self.lock:
@@ -365,12 +358,8 @@ class LlamaModel(HasVocabulary):
         if self._closed:
             return
         self._closed = True
-        if self._batch is not None:
-            C.llama_batch_free(self._batch)
-            self._batch = None
-        if self._ctx:
-            C.llama_free(self._ctx)
-            self._ctx = None
+        free_context(self._ctx, self._batch)
+        self._ctx = self._batch = None
         self._tap = None    # the callback may go only once no context can call it
         if self._model:
             C.llama_model_free(self._model)

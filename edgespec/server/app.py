@@ -10,7 +10,8 @@ the body (:mod:`.protocol`, :mod:`.ollama_request`, :mod:`.anthropic_request`), 
 (:mod:`.generation`) leases the model, queues the generation on its Engine, frames the answer
 in the API's :class:`~.framing.Framing` (OpenAI's server-sent events, Ollama's NDJSON,
 Anthropic's named events) and counts the figures (:mod:`.metrics`, with ``--metrics``).
-This module wires the routes, the guards and the error handlers.
+Embeddings (``/api/embed``, ``/api/embeddings``, ``/v1/embeddings``: :mod:`.embeddings`)
+lease models the same way. This module wires the routes, the guards and the error handlers.
 
 Requests queue for an Engine (first come, first served; one generation at a time) while the
 event loop stays free: each generation runs in a thread of its own
@@ -56,6 +57,7 @@ from starlette.routing import Route
 from . import page
 from .anthropic import AnthropicRoutes, is_anthropic
 from .anthropic_replies import anthropic_error
+from .embeddings import EmbeddingRoutes
 from .generation import GenerationPath
 from ..catalogue import entry_for
 from .models import ModelManager
@@ -223,8 +225,9 @@ async def _api_error(request: Request, exc: APIError) -> Response:
 async def _http_error(request: Request, exc: HTTPException) -> Response:
     path = request.url.path
     if exc.status_code == 404:
-        hint = (" (edgespec serves /api/chat, /api/generate, /api/tags, /api/show, /api/ps, "
-                "/api/version, /api/pull, /api/delete and /api/copy)") if is_ollama(path) else ""
+        hint = (" (edgespec serves /api/chat, /api/generate, /api/embed, /api/embeddings, "
+                "/api/tags, /api/show, /api/ps, /api/version, /api/pull, /api/delete and "
+                "/api/copy)") if is_ollama(path) else ""
         return error_response(APIError(404, f"no such endpoint: {request.method} "
                                             f"{path}{hint}", code="unknown_url"), path)
     if exc.status_code == 405:
@@ -280,6 +283,7 @@ def create_app(engine=None, *, model_id: Optional[str] = None,
         *OllamaRoutes(path, max_body).routes(),
         *AnthropicRoutes(path, max_body).routes(),
         *OllamaModelRoutes(path, max_body).routes(),
+        *EmbeddingRoutes(path, max_body).routes(),
     ]
     if metrics is not None:
         routes.append(Route("/metrics", metrics_endpoint(metrics), methods=["GET"]))

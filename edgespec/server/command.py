@@ -26,10 +26,11 @@ def build_serve_parser(sub) -> None:
     p = sub.add_parser(
         "serve", help="an OpenAI- and Ollama-compatible HTTP server for local apps",
         description="Serve the models on this machine over OpenAI's HTTP API "
-                    "(/v1/chat/completions, /v1/completions, /v1/models), Ollama's "
-                    "(/api/chat, /api/generate, /api/tags, /api/show, /api/ps, "
-                    "/api/version, /api/pull, /api/delete, /api/copy) and Anthropic's "
-                    "(/v1/messages), plus /health and, with --metrics, /metrics. The pair "
+                    "(/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models), "
+                    "Ollama's (/api/chat, /api/generate, /api/embed, /api/embeddings, "
+                    "/api/tags, /api/show, /api/ps, /api/version, /api/pull, /api/delete, "
+                    "/api/copy) and Anthropic's (/v1/messages), plus /health and, with "
+                    "--metrics, /metrics. The pair "
                     "given is loaded at start; a request naming another model on disk loads "
                     "it. For apps that speak only Ollama's API: --port 11434.")
     p.add_argument("--host", default="127.0.0.1",
@@ -44,7 +45,8 @@ def build_serve_parser(sub) -> None:
     g = p.add_argument_group("models on demand")
     g.add_argument("--max-loaded", type=int, default=1, metavar="N",
                    help="models (a pair counts as one) loaded at once; the least recently "
-                        "used idle one is unloaded to load another (default 1)")
+                        "used idle one is unloaded to load another (default 1); embedding "
+                        "models are counted apart, so one stays loaded beside a chat model")
     g.add_argument("--max-ram", type=float, metavar="GiB",
                    help="memory the loaded models may take in all (files and KV caches, "
                         "estimated); default: no limit")
@@ -143,12 +145,17 @@ def manager_options(args) -> dict:
 
 def loader(args):
     """How the server loads a model a request names: the options of the command line, with
-    that model's files (a GGUF without a draft decodes with n-gram drafting, or plainly) and
-    the context asked for (None: ``--ctx-size``)."""
+    that model's files (a GGUF without a draft decodes with n-gram drafting, or plainly; an
+    embedding model is an Embedder) and the context asked for (None: ``--ctx-size``)."""
     server_log = logging.getLogger("edgespec.server")
 
     def load(entry, n_ctx):
         server_log.info("loading %s …", entry.name)
+        if entry.kind == "embedding":
+            from ..embedding import Embedder
+            return Embedder.load(entry.target, n_ctx=args.ctx_size, n_threads=args.threads,
+                                 n_gpu_layers=args.n_gpu_layers, verbose=args.verbose,
+                                 cpu_extra_buffers=args.cpu_extra_buffers)
         drafter = args.drafter
         if entry.draft is None and drafter in (None, "hybrid", "model"):
             drafter = None
@@ -202,7 +209,8 @@ def cmd_serve(args) -> int:
                                    preloaded=(name, engine), n_ctx=engine.n_ctx, **budget)
             if args.metrics:
                 metrics = Metrics(lambda: [(m.name, manager.engine_for(m.name))
-                                           for m in manager.loaded()])
+                                           for m in manager.loaded()
+                                           if m.entry.kind != "embedding"])
             app = create_app(manager=manager, n_ctx=engine.n_ctx, api_key=api_key,
                              cors_origins=args.cors_origin, host=args.host, metrics=metrics,
                              close_on_shutdown=True)

@@ -140,10 +140,17 @@ class GenerationPath:
                                         n_ctx if is_int(n_ctx) and n_ctx > 0 else None)
 
     async def lease(self, leases: contextlib.AsyncExitStack, name: Optional[str],
-                    keep_alive: Optional[float] = None, n_ctx: Optional[int] = None) -> Lease:
+                    keep_alive: Optional[float] = None, n_ctx: Optional[int] = None, *,
+                    embedding: bool = False) -> Lease:
         """The model ``name`` names, loaded (with a context of at least ``n_ctx``) if need
         be, held until ``leases`` closes (or, for a stream, its last byte: :meth:`respond`
-        takes the lease over)."""
+        takes the lease over). ``embedding``: the lease is for embeddings, which every model
+        makes; otherwise an embedding model (which cannot generate) is refused with a 400
+        before it is loaded."""
+        if not embedding and self.resolve(name).kind == "embedding":
+            raise APIError(400, f"the model '{name}' is an embedding model: it does not "
+                                "generate text (send it to /api/embed or /v1/embeddings)",
+                           param="model", code="model_not_supported")
         try:
             return await leases.enter_async_context(self.manager.acquire(name, keep_alive,
                                                                          n_ctx))

@@ -32,6 +32,10 @@ edgespec                                                 llama-server (``--metri
 ``edgespec_generations_total{endpoint,finish_reason}``   —
 =======================================================  =========================================
 
+Embeddings (:meth:`Metrics.embedding_done`, once per answered embedding request):
+``edgespec_embedding_tokens_total{model}`` (the tokens embedded, after truncation) and
+``edgespec_embedding_inputs_total{model,endpoint}`` (the texts or token lists embedded).
+
 Histograms (label ``model``): ``edgespec_time_to_first_token_seconds`` and
 ``edgespec_inter_token_latency_seconds`` (the gaps between streamed tokens' arrival). The time
 to first token is the client's: from the request's arrival, so reading its body, loading the
@@ -169,6 +173,10 @@ class Metrics:
         self._accepted_at = counter("draft_position_accepted", "Rounds in which the draft "
                                     "token at this position (0-based) was accepted.",
                                     ("model", "position"))
+        self._embedding_tokens = counter("embedding_tokens", "Tokens embedded (after "
+                                         "truncation).")
+        self._embedding_inputs = counter("embedding_inputs", "Texts (or token lists) "
+                                         "embedded, by endpoint.", ("model", "endpoint"))
         self._ttft = Histogram(PREFIX + "time_to_first_token_seconds", "Seconds from a "
                                "request's arrival to its first generated token (model "
                                "loading, queueing and prompt evaluation included).", ("model",),
@@ -220,6 +228,12 @@ class Metrics:
             with self._lock:
                 self._draft_length[model] = (stats.drafted / drafting_rounds
                                              if drafting_rounds else 0.0)
+
+    def embedding_done(self, model: str, endpoint: str, inputs: int, tokens: int) -> None:
+        """Add an answered embedding request of ``model``: ``inputs`` embedded, ``tokens`` in
+        all."""
+        self._embedding_tokens.labels(model=model).inc(max(0, tokens))
+        self._embedding_inputs.labels(model=model, endpoint=endpoint).inc(max(0, inputs))
 
     # -- exposition -----------------------------------------------------------------------
 

@@ -283,7 +283,8 @@ class ModelManager:
                 await self._wait()
                 continue
             need = entry.memory(self.contexts.load_context(entry))
-            victims = self.budget.victims(self._slots.values(), self._closing, need)
+            victims = self.budget.victims(self._slots.values(), self._closing, need,
+                                          embedding=entry.kind == "embedding")
             if victims is None:
                 await self._wait()        # until a lease ends or a load finishes
                 continue

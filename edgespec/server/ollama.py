@@ -1,5 +1,6 @@
 """Ollama's endpoints: ``/api/chat``, ``/api/generate``, ``/api/tags``, ``/api/show``,
-``/api/ps`` and ``/api/version``, over the shared generation path (:mod:`.generation`);
+``/api/ps`` and ``/api/version``, over the shared generation path (:mod:`.generation`;
+its embeddings: :mod:`.embeddings`);
 bodies are parsed by :mod:`.ollama_request` and replies built by :mod:`.ollama_replies`.
 
 Streams are Ollama's newline-delimited JSON (:class:`OllamaFraming`): an object per piece of
@@ -105,7 +106,7 @@ class OllamaRoutes:
                            param="model")
         entry = self.path.resolve(name)
         engine = self.manager.engine_for(entry.name)
-        if engine is not None:
+        if engine is not None and entry.kind != "embedding":
             info, template = engine.info(), engine.template.source or ""
         else:      # not loaded: what its file says (no load for a look)
             gguf = await run_in_threadpool(read_gguf, entry.target)

@@ -206,7 +206,8 @@ def show_body(entry, info: dict, template: str, contexts: tuple, thinks: bool) -
                  + f"PARAMETER num_ctx {n_ctx}\n")
     return {"modelfile": modelfile, "parameters": f"{'num_ctx':<30} {n_ctx}",
             "template": template, "details": _details(entry), "model_info": model_info,
-            "capabilities": ["completion", "tools", *(["thinking"] if thinks else [])],
+            "capabilities": (["embedding"] if entry.kind == "embedding"
+                             else ["completion", "tools", *(["thinking"] if thinks else [])]),
             "modified_at": _at(entry.modified),
             "edgespec": {"kind": entry.kind, "target": str(entry.target),
                          "draft": str(entry.draft) if entry.draft else None,

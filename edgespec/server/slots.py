@@ -94,23 +94,32 @@ class Budget:
                                     f"KV cache), more than --max-ram {gb(self.max_ram)} "
                                     "allows: raise --max-ram or pick a smaller model")
 
-    def victims(self, slots: Iterable[Slot], closing: Iterable[Slot], need: int
-                ) -> Optional[list[Slot]]:
+    def victims(self, slots: Iterable[Slot], closing: Iterable[Slot], need: int,
+                embedding: bool = False) -> Optional[list[Slot]]:
         """Idle models among ``slots`` to unload, least recently used first, so that a model
         taking ``need`` bytes fits beside them and the ``closing`` ones; None when models in
-        use (or loading, or closing) must finish first."""
+        use (or loading, or closing) must finish first. ``embedding``: the model is an
+        embedding model. Embedding models and generative ones are counted apart against
+        ``max_loaded`` (a retrieval app embeds, then chats: one of each stays loaded), their
+        memory together against ``max_ram``."""
         slots = list(slots)
         held = slots + list(closing)
-        count, ram = len(held), sum(s.size for s in held)
-        idle = sorted((s for s in slots if s.idle), key=lambda s: s.last_used)
+
+        def alike(s: Slot) -> bool:
+            return (s.entry.kind == "embedding") == embedding
+        count, ram = sum(map(alike, held)), sum(s.size for s in held)
+        idle = sorted((s for s in slots if s.idle), key=lambda s: (not alike(s), s.last_used))
         victims = []
         while count >= self.max_loaded or (self.max_ram is not None
                                            and ram + need > self.max_ram):
             if not idle:
                 return None
             v = idle.pop(0)
-            victims.append(v)
-            count, ram = count - 1, ram - v.size
+            if count < self.max_loaded or alike(v):
+                victims.append(v)
+                count, ram = count - alike(v), ram - v.size
+            else:       # only memory can make room now, and this one is of the other kind
+                return None
         return victims
 
 

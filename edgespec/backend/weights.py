@@ -1,0 +1,46 @@
+"""A GGUF's weights loaded by llama.cpp with edgespec's settings (offload, extra CPU buffer
+types, devices): the ``llama_model`` that a generating context (:mod:`.model`) and an
+embedding context (:mod:`.embedding`) are made on; and how such a context is freed."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Optional
+
+import llama_cpp.llama_cpp as C
+
+from ..config import ModelConfig
+from ..errors import ModelLoadError
+from ..gguf_file import GGUFInfo
+from .preflight import use_extra_buffers
+
+
+def load_weights(config: ModelConfig, info: GGUFInfo,
+                 devices: Optional[ctypes.Array] = None) -> tuple[object, bool]:
+    """(the ``llama_model`` handle, whether llama.cpp's extra CPU buffer types are used) for
+    ``config``'s file, whose header is ``info``. ``devices``: a NULL-terminated device list
+    (llama.cpp keeps the pointer: the caller keeps the array alive). Raises
+    :class:`~edgespec.errors.ModelLoadError` when llama.cpp cannot load it."""
+    mparams = C.llama_model_default_params()
+    mparams.n_gpu_layers = config.n_gpu_layers if config.n_gpu_layers >= 0 else 999
+    # AMX and repacked weights only where a child process showed that they do not kill
+    # the process on this CPU (backend/preflight.py)
+    extra = use_extra_buffers(info.tensors, config.cpu_extra_buffers)
+    mparams.use_extra_bufts = extra
+    if devices is not None:
+        mparams.devices = ctypes.cast(devices, ctypes.c_void_p)
+    handle = C.llama_model_load_from_file(str(config.path).encode(), mparams)
+    if not handle:
+        raise ModelLoadError(config.path, "llama.cpp could not load this model (unsupported "
+                                          "architecture or damaged tensors; load it with "
+                                          "verbose=True to see llama.cpp's log)",
+                             options=("verbose",))
+    return handle, extra
+
+
+def free_context(ctx, batch) -> None:
+    """Free a llama.cpp context and its batch (either may be None), before their model."""
+    if batch is not None:
+        C.llama_batch_free(batch)
+    if ctx:
+        C.llama_free(ctx)
