@@ -277,7 +277,7 @@ def test_errors_through_the_client(client, server):
     for path in ("/api/chat", "/api/generate", "/api/show"):
         status, body = post(server.port, path, b'{"model": [')
         assert status == 400 and set(body) == {"error"} and "JSON" in body["error"], body
-    status, _, data = request(server.port, "POST", "/api/pull", b"{}")      # not served
+    status, _, data = request(server.port, "POST", "/api/push", b"{}")      # not served
     assert status == 404 and set(json.loads(data)) == {"error"}
     status, _, data = request(server.port, "POST", "/api/embed", b"{}")     # served
     assert status == 400 and set(json.loads(data)) == {"error"}

@@ -20,6 +20,8 @@ def contexts(manager: ModelManager, entry: CatalogEntry) -> tuple[int, Optional[
     as loaded now, or as a request that asks for none would load them."""
     n_ctx = manager.context_for(entry.name)
     engine = manager.engine_for(entry.name)
+    if entry.kind == "embedding":       # (an Embedder: no draft)
+        return n_ctx, None
     if engine is not None:
         return n_ctx, engine.draft.n_ctx if engine.draft is not None else None
     return n_ctx, n_ctx if entry.draft is not None else None
@@ -28,11 +30,13 @@ def contexts(manager: ModelManager, entry: CatalogEntry) -> tuple[int, Optional[
 def template_label(entry: CatalogEntry, engine: Optional[Engine]) -> str:
     """What renders the model's chat messages (:attr:`~edgespec.chat_template.ChatTemplate.
     label`): ``"none (plain text)"`` for a model whose file has no chat template."""
-    if engine is not None:
+    if engine is not None and entry.kind != "embedding":
         return engine.template.label
     return LABELS["model" if entry.has_template else "plain"]
 
 
 def thinks(entry: CatalogEntry, engine: Optional[Engine]) -> bool:
     """Whether the model's chat template has a thinking mode (:mod:`edgespec.thinking`)."""
-    return engine.template.thinking is not None if engine is not None else entry.thinks
+    if engine is None or entry.kind == "embedding":      # (an Embedder: no template)
+        return entry.thinks
+    return engine.template.thinking is not None
