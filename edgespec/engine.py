@@ -81,8 +81,10 @@ class Engine:
         # none when the caller pinned a count.
         self._threads = EngineThreads(target, draft, self._drafting.costs, adaptive_threads)
         self.parallel = parallel
-        self._lanes = Lanes(target, draft if spec.uses_draft_model else None, self.draft_head,
-                            parallel, plan=self._drafting.plan_round)
+        # Where generations run, ``parallel`` at once (edgespec/lanes.py): its figures
+        # (running, waiting, deferred, rows per pass) are public.
+        self.lanes = Lanes(target, draft if spec.uses_draft_model else None, self.draft_head,
+                           parallel, plan=self._drafting.plan_round)
         # The states of other conversations than the live ones, in host memory
         self.prompt_cache = PromptCache.of_mib(cache_ram)
         # Embeddings of the target, on a context of their own made on first use
@@ -215,22 +217,12 @@ class Engine:
     @property
     def busy(self) -> bool:
         """Whether a generation holds a lane now."""
-        return bool(self._lanes.owners)
-
-    @property
-    def running(self) -> int:
-        """How many generations hold a lane now."""
-        return len(self._lanes.owners)
+        return bool(self.lanes.owners)
 
     @property
     def waiting(self) -> int:
         """How many generations are queued for a lane."""
-        return self._lanes.waiting
-
-    @property
-    def deferred(self) -> int:
-        """How many generations had to wait for a lane since the Engine was loaded."""
-        return self._lanes.deferred
+        return self.lanes.waiting
 
     @property
     def closed(self) -> bool:
@@ -300,8 +292,8 @@ class Engine:
         sampling = req.sampling if req.sampling is not None else SamplingParams()
         run, thinking = self._prompter.request(req, sampling, self.n_ctx, speculation=(
             self._drafting.speculation(sampling) if req.speculative else None))
-        job = Job(self._lanes, not_started(run))
-        events = run_generation(job, self._lanes, run, self.prompt_cache)
+        job = Job(self.lanes, not_started(run))
+        events = run_generation(job, self.lanes, run, self.prompt_cache)
         return Stream(job, thinking.events(events) if thinking is not None else events)
 
     def request_tokens(self, req: GenerationRequest) -> list[int]:
@@ -338,7 +330,7 @@ class Engine:
     def cancel(self) -> None:
         """Stop the generations running now (not the queued ones) within one decoding step;
         they end with ``finish_reason "cancelled"``. Any thread; never blocks."""
-        for job in self._lanes.running:
+        for job in self.lanes.running:
             job.cancel()
 
     # -- lifetime -------------------------------------------------------------------------
@@ -359,9 +351,9 @@ class Engine:
             if self._closed:
                 return
             self._closed = True
-        for job in self._lanes.close():
+        for job in self.lanes.close():
             job.close()
-        self._lanes.wait_idle()
+        self.lanes.wait_idle()
         # Refined costs are kept for the next session when they describe every thread: each
         # governor has run its last steps at its full count (the costs' moving averages have
         # forgotten a spell on fewer threads by then).

@@ -79,6 +79,12 @@ class Lanes:
     def running(self) -> list[Job]:
         return list(self.owners.values())
 
+    @property
+    def rows_per_pass(self) -> float:
+        """The mean rows of the last passes (0 before any): how full the batches are."""
+        rows = self.rounds.rows_per_pass
+        return sum(rows) / len(rows) if rows else 0.0
+
     def enter(self, job: Job, prompt: Sequence[int] = ()) -> Optional[Lane]:
         """Wait for a free lane for ``job``: the one whose target cache holds the longest part
         of ``prompt``, else the least recently used. None if the job was cancelled, or the

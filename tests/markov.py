@@ -38,3 +38,29 @@ class MarkovLM:
 def softmax(x, axis=-1):
     e = np.exp(x - x.max(axis=axis, keepdims=True))
     return e / e.sum(axis=axis, keepdims=True)
+
+
+class MarkovSequence(MarkovLM):
+    """One sequence of a :class:`MarkovContext` (its own tokens; the table is shared)."""
+
+    def __init__(self, context: "MarkovContext"):
+        super().__init__(context.table, context.vocab.eog, context.n_ctx)
+        self.context = context
+
+
+class MarkovContext(MarkovLM):
+    """A :class:`MarkovLM` that holds several sequences and evaluates several of them in one
+    call, as a llama.cpp context with ``n_seq_max`` does (the backend's ``sequences`` and
+    ``decode``): what the Engine's batched rounds run on, in numpy. ``calls`` counts the
+    calls and ``parts`` their parts, so a test can see the passes were batched."""
+
+    def __init__(self, logits: np.ndarray, n_seq: int, eog=(), n_ctx: int = 4096):
+        super().__init__(logits, eog, n_ctx)
+        self.sequences = tuple(MarkovSequence(self) for _ in range(n_seq))
+        self.calls = self.parts = 0
+        self.path = "markov.gguf"
+
+    def decode(self, parts):
+        self.calls += 1
+        self.parts += len(parts)
+        return [seq.eval(tokens, n) for seq, tokens, n in parts]

@@ -202,9 +202,12 @@ def health_endpoint(manager: ModelManager):
     needed, and never queued behind a generation)."""
     async def health(request: Request) -> Response:
         engine = manager.engine_for(None)
+        lanes = engine.lanes if engine is not None else None
         return JSONResponse({"status": "ok", "model": manager.default,
-                             "busy": bool(engine and engine.busy),
-                             "waiting": engine.waiting if engine else 0,
+                             "busy": bool(lanes and lanes.running),
+                             "running": len(lanes.running) if lanes else 0,
+                             "parallel": lanes.n if lanes else 0,
+                             "waiting": lanes.waiting if lanes else 0,
                              "loaded": [{"name": m.name, "in_use": m.in_use}
                                         for m in manager.loaded()]})
     return health

@@ -57,6 +57,10 @@ def build_serve_parser(sub) -> None:
     g.add_argument("--model-alias", action="append", default=[], metavar="ALIAS=MODEL",
                    help="answer requests naming ALIAS with MODEL (e.g. gpt-4o-mini=smollm2-"
                         "135m); repeatable. Without one, a name not on disk is a 404")
+    g.add_argument("--parallel", type=int, default=None, metavar="N",
+                   help=f"generations each model runs at once, batched into its passes, each "
+                        f"with its own --ctx-size of KV cache (default {config.PARALLEL}; 1 "
+                        "with --rpc); more wait in a queue")
     g.add_argument("--cache-ram", type=int, default=config.CACHE_RAM_MIB, metavar="MiB",
                    help="host memory per loaded model for the KV states of other "
                         "conversations than the live one (both models), so that switching "
@@ -138,7 +142,14 @@ def manager_options(args) -> dict:
         keep_alive = parse_keep_alive(args.keep_alive)
     except APIError as e:
         raise UsageError(f"--keep-alive: {e.message}") from None
-    return dict(max_loaded=args.max_loaded, keep_alive=keep_alive,
+    if args.parallel is None:
+        args.parallel = 1 if args.rpc or args.draft_rpc else config.PARALLEL
+    if not 1 <= args.parallel <= 64:
+        raise UsageError(f"--parallel {args.parallel}: give 1 to 64 generations at once")
+    if args.parallel > 1 and (args.rpc or args.draft_rpc):
+        raise UsageError(f"--parallel {args.parallel}: a model on RPC workers serves one "
+                         "generation at a time (--parallel 1)")
+    return dict(max_loaded=args.max_loaded, keep_alive=keep_alive, parallel=args.parallel,
                 max_ram=int(args.max_ram * 2**30) if args.max_ram else None,
                 aliases=parse_aliases(args.model_alias))
 
@@ -160,6 +171,7 @@ def loader(args):
         if entry.draft is None and drafter in (None, "hybrid", "model"):
             drafter = None
         engine = load_engine(args, say=server_log.info, target=entry.target,
+                             parallel=args.parallel,
                              draft=entry.draft, drafter=drafter, cache_ram=args.cache_ram,
                              n_ctx=n_ctx or args.ctx_size)
         server_log.info("loaded %s", entry.name)
@@ -201,7 +213,7 @@ def cmd_serve(args) -> int:
                             "pip install 'edgespec[server]'") from None
     sock = listen(args.host, args.port)
     try:
-        with load_engine(args, cache_ram=args.cache_ram) as engine:
+        with load_engine(args, cache_ram=args.cache_ram, parallel=args.parallel) as engine:
             name = model_id(args)
             first = entry_for(name, engine.target.path,
                               engine.draft.path if engine.draft is not None else None)

@@ -53,9 +53,10 @@ class ContextPolicy:
         if limit is not None and n_ctx > limit:
             raise InvalidParameterError("num_ctx", n_ctx, f"at most {limit} for the model "
                                         f"'{entry.name}' ({why})")
-        need, ram = entry.memory(n_ctx), self.budget.max_ram
+        need, ram = self.budget.memory(entry, n_ctx), self.budget.max_ram
         # (a model that does not fit even as it is gets the budget's own refusal)
-        if ram is not None and need > ram >= entry.memory(self.load_context(entry)):
+        loaded = self.budget.memory(entry, self.load_context(entry))
+        if ram is not None and need > ram >= loaded:
             fits = (ram - entry.size) // max(1, entry.kv_bytes_per_token)
             raise InvalidParameterError(
                 "num_ctx", n_ctx, f"at most {fits} for the model '{entry.name}': at {n_ctx} "

@@ -255,9 +255,15 @@ class _EngineCollector:
     def _families(self) -> tuple[GaugeMetricFamily, ...]:
         def gauge(name: str, doc: str, labels: Sequence[str] = ("model",)):
             return GaugeMetricFamily(PREFIX + name, doc, labels=list(labels))
-        return (gauge("requests_processing", "Generations running now (1 while one holds "
-                      "the model)."),
-                gauge("requests_deferred", "Generations queued behind the running one."),
+        return (gauge("requests_processing", "Generations running now, each in a lane of "
+                      "its own (at most streams_parallel)."),
+                gauge("requests_deferred", "Generations queued for a lane now."),
+                gauge("requests_deferred_total", "Generations that had to wait for a lane "
+                      "since the model was loaded."),
+                gauge("streams_parallel", "Lanes: the generations the model runs at once "
+                      "(--parallel)."),
+                gauge("batch_rows", "Mean rows of the model's last passes (its streams' verify "
+                      "rows, plain rows and prompt chunks batched together)."),
                 gauge("threads", "CPU threads each model runs with now.", ("model", "role")),
                 gauge("draft_length", "Draft tokens per drafting round: the pinned length "
                       "(0: no drafter), or the cost model's mean in the last speculative "
@@ -269,16 +275,20 @@ class _EngineCollector:
         return iter(self._families())
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        processing, deferred, threads, length, adaptive = families = self._families()
+        families = self._families()
+        processing, deferred, deferred_total, parallel, rows, threads, length, adaptive = \
+            families
         for model, engine in self.metrics._models():
             try:
-                busy, waiting = engine.busy, engine.waiting
-                counts, spec = engine.threads, engine.spec
+                lanes, counts, spec = engine.lanes, engine.threads, engine.spec
             except Exception as e:  # noqa: BLE001 - a closing Engine must not fail the scrape
                 log.debug("metrics: skipping %s: %s", model, e)
                 continue
-            processing.add_metric([model], 1 if busy else 0)
-            deferred.add_metric([model], waiting)
+            processing.add_metric([model], len(lanes.running))
+            deferred.add_metric([model], lanes.waiting)
+            deferred_total.add_metric([model], lanes.deferred)
+            parallel.add_metric([model], lanes.n)
+            rows.add_metric([model], lanes.rows_per_pass)
             for role in ("target", "draft"):
                 if counts.get(role) is not None:
                     threads.add_metric([model, role], counts[role])

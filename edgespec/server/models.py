@@ -69,9 +69,9 @@ class ModelManager:
                  default: Optional[str] = None, max_loaded: int = 1,
                  max_ram: Optional[int] = None, keep_alive: float = DEFAULT_KEEP_ALIVE,
                  aliases: Mapping[str, str] = {}, n_ctx: Optional[int] = None,
-                 max_ctx: Optional[int] = None,
+                 max_ctx: Optional[int] = None, parallel: int = 1,
                  preloaded: Optional[tuple[str, Engine]] = None):
-        self.budget = Budget(max_loaded, max_ram)
+        self.budget = Budget(max_loaded, max_ram, parallel)
         self._scan = catalog
         self._load = load
         self.keep_alive = keep_alive
@@ -91,7 +91,7 @@ class ModelManager:
         if preloaded is not None:
             name, engine = preloaded
             entry = self.resolve(name)
-            slot = Slot(entry, entry.memory(engine.n_ctx), keep_alive)
+            slot = Slot(entry, self.budget.memory(entry, engine.n_ctx), keep_alive)
             slot.engine = engine
             slot.deadline = slot.last_used + keep_alive if keep_alive >= 0 else None
             self._slots[entry.name] = slot
@@ -259,7 +259,8 @@ class ModelManager:
     async def _lease(self, entry: CatalogEntry, n_ctx: Optional[int]) -> tuple[Slot, float]:
         """A lease on ``entry``'s slot (its count raised) that serves a context of ``n_ctx``,
         loading (or reloading) it first if need be."""
-        self.budget.check(entry.name, entry.memory(self.contexts.load_context(entry)))
+        need = self.budget.memory(entry, self.contexts.load_context(entry))
+        self.budget.check(entry.name, need)
         t0 = time.monotonic()
         awaited: Optional[Slot] = None   # a load this request waits for
         while True:
@@ -282,7 +283,7 @@ class ModelManager:
                 awaited = slot if slot.engine is None else None
                 await self._wait()
                 continue
-            need = entry.memory(self.contexts.load_context(entry))
+            need = self.budget.memory(entry, self.contexts.load_context(entry))
             victims = self.budget.victims(self._slots.values(), self._closing, need,
                                           embedding=entry.kind == "embedding")
             if victims is None:
@@ -326,7 +327,7 @@ class ModelManager:
         slot.engine = engine
         # what the load took, when it took more than the files and KV caches (llama.cpp's
         # extra CPU buffer types hold a repacked copy of the weights beside the mapped file)
-        slot.size = max(entry.memory(engine.n_ctx), grown)
+        slot.size = max(self.budget.memory(entry, engine.n_ctx), grown)
         slot.loaded_at = time.time()
         slot.leases = 1
         log.info("loaded %s in %.1f s", entry.name, seconds)

@@ -75,16 +75,22 @@ class Slot:
 
 class Budget:
     """At most ``max_loaded`` models at once, their memory estimates adding up to at most
-    ``max_ram`` bytes (None: no limit)."""
+    ``max_ram`` bytes (None: no limit), each model's with the KV caches of ``streams``
+    lanes."""
 
-    def __init__(self, max_loaded: int = 1, max_ram: Optional[int] = None):
+    def __init__(self, max_loaded: int = 1, max_ram: Optional[int] = None, streams: int = 1):
         if max_loaded < 1:
             raise EdgespecError(f"max_loaded={max_loaded} is invalid: at least one model must "
                                 "fit")
         if max_ram is not None and max_ram <= 0:
             raise EdgespecError(f"max_ram={max_ram} is invalid: give a positive number of "
                                 "bytes, or None for no limit")
-        self.max_loaded, self.max_ram = max_loaded, max_ram
+        self.max_loaded, self.max_ram, self.streams = max_loaded, max_ram, streams
+
+    def memory(self, entry: CatalogEntry, n_ctx: int) -> int:
+        """What ``entry`` takes loaded with ``n_ctx`` tokens for each of its ``streams``
+        lanes (an Engine's KV caches hold a context per lane; an embedding model's, one)."""
+        return entry.memory(n_ctx * (1 if entry.kind == "embedding" else self.streams))
 
     def check(self, name: str, need: int) -> None:
         """Refuse a model that alone needs more than ``max_ram`` (:class:`~edgespec.errors.
