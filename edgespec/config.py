@@ -48,7 +48,7 @@ VERIFIER = "block"
 N_CTX = 4096              # context window of each model, in tokens
 N_BATCH = 512             # most tokens per llama.cpp call
 MAX_TOKENS = 256          # most tokens per generation (API, `edgespec run`, the server)
-PARALLEL = 4              # generations `edgespec serve` runs at once per model (llama-server's slots)
+PARALLEL = 4              # generations `edgespec serve` runs at once per model (as slots)
 CHAT_MAX_TOKENS = 1024    # most tokens per answer in `edgespec chat`
 # Host memory for the KV states of conversations other than the live one (both models;
 # edgespec/prompt_cache.py). 0 turns the cache off.
