@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Build llama.cpp's own `llama-speculative-simple` example from the llama.cpp that the installed
-# llama-cpp-python carries (same revision as the bindings edgespec uses), for side-by-side
-# benchmarks (scripts/bench_vs_llamacpp.py). ~6 minutes on 2 cores.
-#   bash scripts/build_llama_speculative.sh [BUILD_DIR]     (default: .cache/llama.cpp-build)
+# Build llama.cpp's own `llama-speculative-simple` example and `llama-server` from the llama.cpp
+# that the installed llama-cpp-python carries (same revision as the bindings edgespec uses), for
+# side-by-side benchmarks (scripts/bench_vs_llamacpp.py, scripts/bench_vs_llama_server.py).
+# ~6 minutes on 2 cores (each target).
+#   bash scripts/build_llama_speculative.sh [BUILD_DIR [TARGET …]]
+#   (default: .cache/llama.cpp-build, llama-speculative-simple)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-.cache/llama.cpp-build}"
+shift || true
+targets=("${@:-llama-speculative-simple}")
 ver="$(python -c 'import llama_cpp; print(llama_cpp.__version__)')"
 src=".cache/llama-cpp-python-$ver"
 if [ ! -d "$src" ]; then
@@ -16,5 +20,5 @@ if [ ! -d "$src" ]; then
 fi
 cmake -S "$src/vendor/llama.cpp" -B "$out" -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release \
       -DLLAMA_BUILD_TESTS=OFF > /dev/null
-cmake --build "$out" --target llama-speculative-simple -j "$(nproc)" > /dev/null
-echo "$out/bin/llama-speculative-simple"
+cmake --build "$out" --target "${targets[@]}" -j "$(nproc)" > /dev/null
+for t in "${targets[@]}"; do echo "$out/bin/$t"; done
