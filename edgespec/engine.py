@@ -84,7 +84,9 @@ class Engine:
         # Where generations run, ``parallel`` at once (edgespec/lanes.py): its figures
         # (running, waiting, deferred, rows per pass) are public.
         self.lanes = Lanes(target, draft if spec.uses_draft_model else None, self.draft_head,
-                           parallel, plan=self._drafting.plan_round)
+                           parallel, plan=self._drafting.plan_round,
+                           on_pass=self._drafting.observe_pass if parallel > 1 else None)
+        self._drafting.follow(self.lanes)
         # The states of other conversations than the live ones, in host memory
         self.prompt_cache = PromptCache.of_mib(cache_ram)
         # Embeddings of the target, on a context of their own made on first use

@@ -45,15 +45,18 @@ class Lanes:
     """The lanes of an Engine over backend ``target`` and ``draft`` (each holding ``n``
     sequences), and the queue of generations waiting for one. ``head``: the draft's reduced
     output layer (each lane gets a sibling that follows its own conversation). ``plan``:
-    the rounds' joint planner. ``deferred`` counts the generations that had to wait."""
+    the rounds' joint planner; ``on_pass``: told of every pass (:class:`Rounds`).
+    ``deferred`` counts the generations that had to wait."""
 
     def __init__(self, target, draft, head: Optional["ReducedHead"], n: int = 1,
-                 plan: Optional[Callable[[list], list]] = None):
+                 plan: Optional[Callable[[list], list]] = None,
+                 on_pass: Optional[Callable] = None):
         if any(m is not None and len(m.sequences) < n for m in (target, draft)):
             raise InvalidParameterError("parallel", n, "at most the sequences the models were "
                                         "loaded with (ModelConfig.n_seq)")
         self.n = n
-        self.rounds = Rounds([m for m in (draft, target) if m is not None], plan=plan)
+        self.rounds = Rounds([m for m in (draft, target) if m is not None], plan=plan,
+                             on_pass=on_pass)
         self.lanes = []
         for i in range(n):
             member = Member()
@@ -78,6 +81,11 @@ class Lanes:
     @property
     def running(self) -> list[Job]:
         return list(self.owners.values())
+
+    def mean_context(self) -> int:
+        """The mean context of the streams in lanes now (0 with none)."""
+        lens = [len(self.lanes[i].target.tokens) for i in list(self.owners)]
+        return sum(lens) // len(lens) if lens else 0
 
     @property
     def rows_per_pass(self) -> float:

@@ -61,12 +61,16 @@ class Rounds:
     """The members' passes, batched (see the module docstring). ``models``: the backend models
     in the order their waiting passes go first (the draft's, then the target's). ``plan``:
     chooses the draft lengths of the members waiting to plan, from what each asked
-    (``plan(asks) -> list of K``); None: each gets what it asked."""
+    (``plan(asks) -> list of K``); None: each gets what it asked. ``on_pass``: told of every
+    pass (whether it was the target's, its rows, seconds and its parts' mean context)."""
 
     def __init__(self, models: Sequence[Any], plan: Optional[Callable[[list], list]] = None,
-                 grace: float = GRACE):
+                 grace: float = GRACE,
+                 on_pass: Optional[Callable[[bool, int, float, int], None]] = None):
         self.models = list(models)
         self._plan = plan
+        # told of each pass: (the target's?, rows, seconds, mean context of its parts)
+        self._on_pass = on_pass
         self.grace = grace
         self._cond = threading.Condition()
         self._members: set[Member] = set()
@@ -194,6 +198,8 @@ class Rounds:
             self._cond.notify_all()
 
     def _run(self, model, group: list[_Request]) -> None:
+        context = sum(len(r.part[0].tokens) for r in group) // len(group)
+        t0 = time.perf_counter()
         try:
             if group[0].hidden:
                 hidden = model.decode_hidden([r.part for r in group])
@@ -204,10 +210,14 @@ class Rounds:
                 out = model.decode([r.part for r in group])
                 for r, rows in zip(group, out):
                     r.result = rows
+            rows = sum(_rows(r) for r in group)
             if len(group) > 1:
                 self.passes += 1
-            self.rows_per_pass.append(sum(_rows(r) for r in group))
+            self.rows_per_pass.append(rows)
             del self.rows_per_pass[:-256]
+            if self._on_pass is not None:
+                self._on_pass(model is self.models[-1], rows, time.perf_counter() - t0,
+                              context)
         except BaseException as e:  # noqa: BLE001 - each request's caller raises it
             for r in group:
                 r.error = e

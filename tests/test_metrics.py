@@ -237,14 +237,16 @@ def test_two_metrics_objects_share_nothing(run):
 
 
 def fake_engine(*, busy=False, waiting=0, target=4, draft=2, spec=None):
-    return SimpleNamespace(busy=busy, waiting=waiting, spec=spec or SpecConfig(),
+    lanes = SimpleNamespace(running=["a generation"] if busy else [], waiting=waiting,
+                            deferred=waiting + 2, n=4, rows_per_pass=5.5 if busy else 0.0)
+    return SimpleNamespace(lanes=lanes, spec=spec or SpecConfig(),
                            threads={"target": target, "draft": draft, "max": 8,
                                     "adaptive": True, "backed_off": False})
 
 
 class Closed:
     """An Engine being closed: reading its state fails."""
-    busy = waiting = spec = False
+    lanes = spec = False
 
     @property
     def threads(self):
@@ -263,6 +265,9 @@ def test_engine_gauges():
     assert value(found, "edgespec_requests_processing", model="beta") == 0
     assert value(found, "edgespec_requests_deferred", model="alpha") == 3
     assert value(found, "edgespec_requests_deferred", model="beta") == 0
+    assert value(found, "edgespec_requests_deferred_total", model="alpha") == 5
+    assert value(found, "edgespec_streams_parallel", model="alpha") == 4
+    assert value(found, "edgespec_batch_rows", model="alpha") == 5.5
     assert value(found, "edgespec_threads", model="alpha", role="target") == 4
     assert value(found, "edgespec_threads", model="alpha", role="draft") == 2
     assert value(found, "edgespec_threads", model="beta", role="target") == 4
@@ -303,5 +308,5 @@ def test_models_are_read_at_each_scrape():
     assert not any(n == "edgespec_requests_processing" for n, _ in samples(m))
     engines["alpha"] = fake_engine(waiting=1)
     assert value(samples(m), "edgespec_requests_deferred", model="alpha") == 1
-    engines["alpha"].waiting = 0
+    engines["alpha"].lanes.waiting = 0
     assert value(samples(m), "edgespec_requests_deferred", model="alpha") == 0

@@ -99,10 +99,12 @@ class Costs:
         # decision: each observation moves the estimate by at most ema × 50%.
         return old + ema * (min(max(seconds, 0.5 * old), 1.5 * old) - old)
 
-    def observe_target(self, n: int, seconds: float) -> None:
+    def observe_target(self, n: int, seconds: float, context: Optional[int] = None) -> None:
+        """A target pass of ``n`` rows took ``seconds``, after ``context`` tokens (default:
+        :attr:`position`)."""
         self.observed += 1
-        context = self.position()
-        old = self.pass_seconds(n)
+        context = self.position() if context is None else context
+        old = float(self.bare(float(n))) + self.attention * n * context
         new = self._blend(old, seconds, self.ema)
         if n == 1:
             # A plain pass measures how fast the machine is now, and while decoding plainly

@@ -47,7 +47,10 @@ def make_drafter(spec: SpecConfig, *, costs: Optional[Costs], k_max: int,
     fixed = not spec.is_adaptive
 
     def policy(c: Optional[Costs]) -> LengthPolicy:
-        return FixedLength(spec.fixed_k, spec.p_min) if fixed else AdaptiveLength(c, k_max=k_max)
+        if fixed:
+            return FixedLength(spec.fixed_k, spec.p_min)
+        # Beside other streams a round's seconds are the batch's: costs are learned whole
+        return AdaptiveLength(c, k_max=k_max, learns_costs=joint is None)
 
     def model_drafter() -> ModelDrafter:
         assert draft_model is not None, f"the {spec.drafter} drafter needs a draft model"
@@ -140,6 +143,20 @@ class EngineDrafting:
             self.costs.draft_batch.update(measure_draft_batch(draft, sizes, self.head))
             if not self.costs.busy:
                 cache.save(self.costs, "calibration")
+
+    def follow(self, lanes) -> None:
+        """With several lanes the costs' context (the attention term's) is the streams'
+        mean, not one sequence's."""
+        if self.costs is not None and self.parallel > 1:
+            self.costs.position = lanes.mean_context
+
+    def observe_pass(self, target: bool, rows: int, seconds: float, context: int) -> None:
+        """A pass over several streams (:mod:`edgespec.rounds`): the target's, of ``rows``
+        rows after contexts of ``context`` tokens on average, took ``seconds``; what the
+        target's costs learn while streams share the passes (a draft pass's products are the
+        lanes' own: its calibrated costs stay)."""
+        if target and self.costs is not None:
+            self.costs.observe_target(rows, seconds, context)
 
     def plan_round(self, asks: list) -> list:
         """The round's draft lengths for the lanes that asked (drafting/batch.py)."""

@@ -205,6 +205,10 @@ class AdaptiveLength:
     # choice) -> the draft length planned for the whole batch (drafting/batch.py).
     joint: Optional[Callable[[np.ndarray, int, int], int]] = field(default=None, repr=False,
                                                                    compare=False)
+    # Whether its rounds' timings teach the costs: not where other streams share the passes
+    # (a round's seconds are then the batch's and its waits; the Engine learns from each pass
+    # whole: EngineDrafting.observe_pass).
+    learns_costs: bool = True
 
     def __post_init__(self) -> None:
         self._pos = _Decayed(self.k_max, strength=8.0)
@@ -366,12 +370,15 @@ class AdaptiveLength:
 
     def observe(self, k, n, confidences, draft_step_seconds, verify_seconds,
                 k_verified=None) -> None:
-        if k_verified is not None and k_verified > k:
+        if not self.learns_costs:
+            pass        # (its passes were shared: the Engine learns from them whole)
+        elif k_verified is not None and k_verified > k:
             # The pass also checked tokens this policy did not choose: charge it only for
             # the share its own drafts would have cost.
             share = self.costs.pass_seconds(k + 1) / self.costs.pass_seconds(k_verified + 1)
-            verify_seconds *= share
-        self.costs.observe_target(k + 1, verify_seconds)
+            self.costs.observe_target(k + 1, verify_seconds * share)
+        else:
+            self.costs.observe_target(k + 1, verify_seconds)
         decay = self.decay if k else self.idle_decay
         self._pos.age(decay)
         self._conf.age(decay)
@@ -385,5 +392,5 @@ class AdaptiveLength:
         # gate cut it to nothing: that is evidence about the gate, not a plain-decoding
         # decision (docs/decisions.md).
         self._streak = self._streak + 1 if k or self._planned else 0
-        for s in draft_step_seconds:
+        for s in draft_step_seconds if self.learns_costs else ():
             self.costs.observe_draft(s)
