@@ -175,6 +175,7 @@ class Rounds:
             ks = self._plan(asks) if self._plan is not None else asks
             for r, k in zip(plans, ks):
                 r.result, r.done = k, True
+                r.member.state = RUNNING        # it computes from here, before it wakes
             self._queue = [r for r in self._queue if r.model != "plan"]
             self._cond.notify_all()
             return
@@ -194,7 +195,9 @@ class Rounds:
             self._cond.acquire()
             self._busy = False
             for r in group:
-                r.done = True
+                # Served: its stream computes from now on, though its thread has yet to
+                # wake; no other pass may fire without its next request.
+                r.done, r.member.state = True, RUNNING
             self._cond.notify_all()
 
     def _run(self, model, group: list[_Request]) -> None:

@@ -70,10 +70,12 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--ctx-size", type=int, default=1024)
+    ap.add_argument("--threads", type=int, default=2,
+                    help="pinned: a benchmark measures the code, not the thread governor")
     args = ap.parse_args()
     counts = [int(s) for s in args.streams.split(",")]
     kw = dict(target=args.target, draft=args.draft) if args.target else dict(pair=args.pair)
-    eng = Engine.load(**kw, n_ctx=args.ctx_size, parallel=max(counts))
+    eng = Engine.load(**kw, n_ctx=args.ctx_size, parallel=max(counts), n_threads=args.threads)
     eng.generate("Warm up.", raw=True, max_tokens=8, sampling=GREEDY)
     print(f"{args.target or args.pair}: {max(counts)} lanes, {args.n} tokens, greedy, "
           f"{args.repeats} repeats (medians)")

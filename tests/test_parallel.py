@@ -91,7 +91,7 @@ def run_interleaved(runs: int = N_RUNS) -> tuple[np.ndarray, MarkovContext]:
 @pytest.mark.slow
 def test_a_stream_among_others_keeps_the_targets_distribution():
     seqs, target = run_interleaved()
-    assert target.parts > 1.25 * target.calls        # the streams' passes were shared
+    assert target.parts > 2.5 * target.calls         # the three streams shared their passes
     check_matches_plain(seqs)
 
 

@@ -367,8 +367,11 @@ def test_waiting_client_disconnect_cancels_its_generation(server):
 
 
 def test_queued_client_disconnect_leaves_the_queue(server):
-    conn_a, resp_a = _open_stream(server.port, {**LONG, "stream": True})
-    resp_a.readline()
+    # Every lane busy (serve --parallel: 4 by default), then one more client: it queues.
+    streams = [_open_stream(server.port, {**LONG, "stream": True})
+               for _ in range(health(server.port)["parallel"])]
+    for _, resp in streams:
+        assert resp.readline().startswith(b"data: ")
     conn_b = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
     conn_b.request("POST", "/v1/completions", body=json.dumps(LONG),
                    headers={"Content-Type": "application/json",
@@ -376,8 +379,9 @@ def test_queued_client_disconnect_leaves_the_queue(server):
     wait_until(lambda: health(server.port)["waiting"] == 1, timeout=30)
     _hang_up(conn_b)
     wait_until(lambda: health(server.port)["waiting"] == 0, timeout=10)
-    assert health(server.port)["busy"]             # A is untouched
-    _hang_up(conn_a)
+    assert health(server.port)["running"] == len(streams)    # the running ones untouched
+    for conn, _ in streams:
+        _hang_up(conn)
     wait_until(lambda: not health(server.port)["busy"], timeout=20)
 
 
