@@ -182,17 +182,21 @@ def test_a_model_in_use_is_never_evicted_the_load_waits_for_its_lease():
 
 
 def test_max_ram_evicts_to_fit_and_refuses_a_model_larger_than_it_alone():
-    entries = {"a": fake_entry("a", size=600), "b": fake_entry("b", size=300, kv=1),
-               "huge": fake_entry("huge", size=5000)}
-    mgr, loader = manager(entries, max_loaded=3, max_ram=1000)
+    # In MiB: a load's measured growth of this process's memory (a few pages of Python
+    # objects, here) counts when it is larger than the files and KV caches.
+    mib = 1 << 20
+    entries = {"a": fake_entry("a", size=600 * mib),
+               "b": fake_entry("b", size=300 * mib, kv=mib),
+               "huge": fake_entry("huge", size=5000 * mib)}
+    mgr, loader = manager(entries, max_loaded=3, max_ram=1000 * mib)
 
     async def main():
         async with mgr.acquire("a"):
             pass
         async with mgr.acquire("b"):      # 600 + 300 + 1 × 100 (KV at n_ctx) fits
             pass
-        assert {i.name: i.size for i in mgr.loaded()} == {"a": 600, "b": 400}
-        entries["c"] = fake_entry("c", size=500)
+        assert {i.name: i.size // mib for i in mgr.loaded()} == {"a": 600, "b": 400}
+        entries["c"] = fake_entry("c", size=500 * mib)
         async with mgr.acquire("c"):      # 1000 + 500 > 1000: the oldest, a, goes
             pass
         assert sorted(i.name for i in mgr.loaded()) == ["b", "c"]

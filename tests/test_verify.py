@@ -262,8 +262,10 @@ def test_engine_load_verifier_token_reaches_the_loop(smollm2_q4_path, monkeypatc
                         lambda *a: token_wise.append(len(a[0])) or real(*a))
     monkeypatch.setattr(speculative, "verify_block",
                         lambda *a: pytest.fail("block verification ran"))
-    with Engine.load(smollm2_q4_path, drafter="ngram", draft_max=4, verifier="token",
-                     n_ctx=256, n_threads=2) as eng:
+    # The model as its own draft, the length pinned: every round drafts (an n-gram drafter
+    # drafts only where a sampled answer happens to repeat itself).
+    with Engine.load(smollm2_q4_path, smollm2_q4_path, drafter="model", draft_max=4,
+                     verifier="token", n_ctx=256, n_threads=2) as eng:
         assert eng.spec.verifier == "token"
         out = eng.generate("1 2 3 1 2 3 1 2 3 1 2 3", raw=True, max_tokens=16,
                            sampling=SamplingParams(temperature=0.8))
