@@ -62,7 +62,8 @@ class Rounds:
     in the order their waiting passes go first (the draft's, then the target's). ``plan``:
     chooses the draft lengths of the members waiting to plan, from what each asked
     (``plan(asks) -> list of K``); None: each gets what it asked. ``on_pass``: told of every
-    pass (whether it was the target's, its rows, seconds and its parts' mean context)."""
+    decoding pass (whether it was the target's, its rows, seconds and its parts' mean
+    context); a pass holding a prompt's chunk is not told."""
 
     def __init__(self, models: Sequence[Any], plan: Optional[Callable[[list], list]] = None,
                  grace: float = GRACE,
@@ -213,21 +214,20 @@ class Rounds:
                 out = model.decode([r.part for r in group])
                 for r, rows in zip(group, out):
                     r.result = rows
-            rows = sum(_rows(r) for r in group)
+            rows = sum(len(r.part[1]) for r in group)      # the tokens the pass evaluated
             if len(group) > 1:
                 self.passes += 1
             self.rows_per_pass.append(rows)
             del self.rows_per_pass[:-256]
-            if self._on_pass is not None:
+            # Only decoding passes teach the costs (a prompt's chunk is another regime, and
+            # its few logits are not its size).
+            decoding = all(r.hidden or r.part[2] == len(r.part[1]) for r in group)
+            if self._on_pass is not None and decoding:
                 self._on_pass(model is self.models[-1], rows, time.perf_counter() - t0,
                               context)
         except BaseException as e:  # noqa: BLE001 - each request's caller raises it
             for r in group:
                 r.error = e
-
-
-def _rows(r: _Request) -> int:
-    return 1 if r.hidden else r.part[2]
 
 
 class Cancelled(Exception):

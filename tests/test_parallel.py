@@ -106,6 +106,24 @@ def test_a_broken_rule_among_other_streams_is_caught(monkeypatch):
     check_caught(seqs, at_least=3)
 
 
+def test_a_prompt_chunk_is_counted_by_its_tokens_and_teaches_no_cost():
+    """A pass holding a prompt's chunk (its tokens, no logits) is counted in the rows per pass
+    by the tokens it evaluated, and the costs are told only of decoding passes (a chunk's
+    logits are not its size: counted so, its seconds went into the table as a pass of 0 or 1
+    rows, and 0 divided the attention estimate)."""
+    from edgespec.rounds import Member, Rounds
+    told = []
+    model = MarkovContext(MAIN.target, n_seq=2)
+    rounds = Rounds([model], on_pass=lambda *a: told.append(a))
+    member = Member()
+    rounds.join(member)
+    rounds.decode(member, model, model.sequences[0], [1, 2, 3, 1, 2, 3], 0)
+    rounds.decode(member, model, model.sequences[0], [1, 2], 2)
+    rounds.leave(member)
+    assert rounds.rows_per_pass == [6, 2]
+    assert [(target, rows) for target, rows, _, _ in told] == [(True, 2)]
+
+
 # --- real models -----------------------------------------------------------------------------
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ",

@@ -102,6 +102,8 @@ class Costs:
     def observe_target(self, n: int, seconds: float, context: Optional[int] = None) -> None:
         """A target pass of ``n`` rows took ``seconds``, after ``context`` tokens (default:
         :attr:`position`)."""
+        if n < 1:
+            return
         self.observed += 1
         context = self.position() if context is None else context
         old = float(self.bare(float(n))) + self.attention * n * context
