@@ -22,18 +22,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
-import math
 import time
 from typing import TYPE_CHECKING, AsyncIterator, Callable, Mapping, Optional, Sequence
 
 import anyio
 
-from .. import paths
-from ..catalogue import CatalogEntry, ModelNotFound, find_entry, tagless
+from ..catalogue import CatalogEntry, ModelNotFound, find_entry
 from ..errors import EngineClosedError
 from .contexts import ContextPolicy
+from .names import ModelNames
 from .slots import Budget, Lease, LoadedInfo, Slot, resident_bytes
 
 if TYPE_CHECKING:
@@ -41,12 +39,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CATALOG_TTL = 2.0            # seconds a scan of the disk is reused
 DEFAULT_KEEP_ALIVE = 300.0   # Ollama's default: five minutes
 
 
 
-class ModelManager:
+class ModelManager(ModelNames):
     """Loads the models requests name and unloads them when idle (see the module docstring).
 
     ``catalog``: returns every model on disk (:func:`scan_catalog`, usually with the server's
@@ -71,16 +68,11 @@ class ModelManager:
                  aliases: Mapping[str, str] = {}, n_ctx: Optional[int] = None,
                  max_ctx: Optional[int] = None, parallel: int = 1,
                  preloaded: Optional[tuple[str, Engine]] = None):
+        super().__init__(catalog, aliases)
         self.budget = Budget(max_loaded, max_ram, parallel)
-        self._scan = catalog
         self._load = load
         self.keep_alive = keep_alive
-        self._aliases = dict(aliases)
-        self._copies: set[str] = set()                  # aliases listed as models
-        self._added: dict[str, CatalogEntry] = {}       # entries not on the catalogue
         self.contexts = ContextPolicy(n_ctx or 0, self.budget, max_ctx)
-        self._catalog: dict[str, CatalogEntry] = {}
-        self._scanned_at = -math.inf
         self._slots: dict[str, Slot] = {}
         self._closing: list[Slot] = []          # unloaded, memory not freed yet
         self._changed: Optional[anyio.Event] = None
@@ -98,79 +90,6 @@ class ModelManager:
             self.contexts.default = self.contexts.default or engine.n_ctx
             if default is None:
                 self.default = entry.name
-
-    # -- names ----------------------------------------------------------------------------
-
-    def _entries(self, fresh: bool = False) -> dict[str, CatalogEntry]:
-        now = time.monotonic()
-        if fresh or now - self._scanned_at > CATALOG_TTL:
-            self._catalog = {**self._scan(), **{n: e for n, e in self._added.items()
-                                                 if e.target.is_file()}}
-            self._scanned_at = now
-        return self._catalog
-
-    def listing(self) -> list[CatalogEntry]:
-        """Every model on disk, by name (the disk re-scanned at most every ``CATALOG_TTL``
-        seconds), and the copies :meth:`add_alias` made, under their own names."""
-        entries = self._entries()
-        copies = [dataclasses.replace(e, name=alias) for alias in self._copies
-                  if (e := find_entry(entries, self._aliases[alias])) is not None]
-        return sorted([*entries.values(), *copies], key=lambda e: e.name)
-
-    def _asked(self, name: Optional[str]) -> str:
-        """The name a request means: the default for none, an alias's model ("" if none)."""
-        asked = name or self.default or ""
-        return self._aliases.get(asked, self._aliases.get(tagless(asked), asked))
-
-    def resolve(self, name: Optional[str]) -> CatalogEntry:
-        """The catalog entry a request's ``model`` names: ``None`` or ``""`` is the default,
-        an alias its model, else :func:`find_entry`. Raises :class:`ModelNotFound`; never
-        answers with another model."""
-        asked = self._asked(name)
-        if not asked:
-            raise self._not_found("")
-        for fresh in (False, True):       # a miss re-scans: the file may have just arrived
-            entry = find_entry(self._entries(fresh), asked)
-            if entry is not None:
-                return entry
-        raise self._not_found(asked)
-
-    def _not_found(self, name: str) -> ModelNotFound:
-        return ModelNotFound(name, [e.name for e in self.listing()], paths.models_dir())
-
-    # -- names added while serving (Ollama's /api/pull and /api/copy) ---------------------
-
-    def rescan(self) -> None:
-        """Read the disk again at the next look (a pull or a delete just changed it)."""
-        self._scanned_at = -math.inf
-
-    def add_entry(self, entry: CatalogEntry) -> None:
-        """Serve ``entry``, a file the catalogue does not list (a hub file pulled by its
-        repository and name), under its name until the server stops or :meth:`forget`."""
-        self._added[entry.name] = entry
-        self.rescan()
-
-    def add_alias(self, alias: str, name: str) -> None:
-        """Answer requests naming ``alias`` with the model ``name`` names, and list it under
-        ``alias`` (Ollama's copy), until the server stops or :meth:`forget`."""
-        self._aliases[tagless(alias)] = name
-        self._copies.add(tagless(alias))
-
-    def forget(self, name: str) -> bool:
-        """Stop serving a name :meth:`add_entry` or :meth:`add_alias` added (the files stay);
-        False when ``name`` is neither."""
-        bare = tagless(name)
-        if bare in self._copies:
-            self._copies.discard(bare)
-            del self._aliases[bare]
-            return True
-        if self._added.pop(name, None) is None:
-            return False
-        self.rescan()
-        return True
-
-    def is_copy(self, name: str) -> bool:
-        return tagless(name) in self._copies
 
     # -- what is loaded -------------------------------------------------------------------
 
