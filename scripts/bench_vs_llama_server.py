@@ -69,7 +69,7 @@ class Server:
 def ask(port: int, prompt: str, n: int) -> tuple[int, float, float]:
     """(tokens, seconds to the first token, seconds in all) of one streamed completion."""
     body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}, "cache_prompt": False}
+            "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     conn.request("POST", "/v1/completions", body=json.dumps(body),
@@ -135,8 +135,8 @@ def main() -> None:
         port = free_port()
         servers.append(Server(f"llama-server draft n-max {k}",
                               [args.binary, *common, "--port", str(port), "-md", args.draft,
-                               "-td", t, "-tbd", t, "--draft-max", k, "--draft-min", "0",
-                               "--draft-p-min", "0.75"], port))
+                               "-td", t, "-tbd", t, "--spec-draft-n-max", k,
+                               "--spec-draft-p-min", "0.75"], port))
     pool = [p for name in ("default", "chat", "code") for p in PROMPT_SETS[name]]
     results: dict = {(s.name, c): [] for s in servers for c in counts}
     try:
