@@ -22,6 +22,7 @@ from edgespec import Engine, SamplingParams
 from edgespec.bench.prompts import PROMPT_SETS
 
 GREEDY = SamplingParams(temperature=0.0)
+RAW = [True]            # --chat sets it False
 
 
 def prompts(k: int, tag: int) -> list[str]:
@@ -31,7 +32,7 @@ def prompts(k: int, tag: int) -> list[str]:
 
 def one_after_another(eng: Engine, ps: list[str], n: int) -> dict:
     t0 = time.perf_counter()
-    outs = [eng.generate(p, raw=True, max_tokens=n, sampling=GREEDY) for p in ps]
+    outs = [eng.generate(p, raw=RAW[0], max_tokens=n, sampling=GREEDY) for p in ps]
     wall = time.perf_counter() - t0
     return {"wall": wall, "tokens": sum(len(o.tokens) for o in outs),
             "ttft": [o.stats.first_token_seconds for o in outs], "outs": outs}
@@ -44,10 +45,11 @@ def at_once(eng: Engine, ps: list[str], n: int, speculative: bool) -> dict:
     def run(i: int, p: str) -> None:
         start.wait()
         t = time.perf_counter()
-        s = eng.stream(p, raw=True, max_tokens=n, sampling=GREEDY, speculative=speculative)
+        s = eng.stream(p, raw=RAW[0], max_tokens=n, sampling=GREEDY, speculative=speculative)
         for j, _ in enumerate(s):
             if j == 0:
                 first[i] = time.perf_counter() - t
+        first.setdefault(i, time.perf_counter() - t)       # an answer that ended at once
         outs[i] = s.result
     threads = [threading.Thread(target=run, args=(i, p)) for i, p in enumerate(ps)]
     for t in threads:
@@ -70,10 +72,13 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--ctx-size", type=int, default=1024)
+    ap.add_argument("--chat", action="store_true",
+                    help="each prompt as a user message in the chat template (default: raw)")
     ap.add_argument("--threads", type=int, default=2,
                     help="pinned: a benchmark measures the code, not the thread governor")
     args = ap.parse_args()
     counts = [int(s) for s in args.streams.split(",")]
+    RAW[0] = not args.chat
     kw = dict(target=args.target, draft=args.draft) if args.target else dict(pair=args.pair)
     eng = Engine.load(**kw, n_ctx=args.ctx_size, parallel=max(counts), n_threads=args.threads)
     eng.generate("Warm up.", raw=True, max_tokens=8, sampling=GREEDY)
