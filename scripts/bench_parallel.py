@@ -22,7 +22,6 @@ from edgespec import Engine, SamplingParams
 from edgespec.bench.prompts import PROMPT_SETS
 
 GREEDY = SamplingParams(temperature=0.0)
-RAW = [True]            # --chat sets it False
 
 
 def prompts(k: int, tag: int) -> list[str]:
@@ -30,22 +29,22 @@ def prompts(k: int, tag: int) -> list[str]:
     return [f"({tag}.{i}) {pool[(tag * 7 + i) % len(pool)]}" for i in range(k)]
 
 
-def one_after_another(eng: Engine, ps: list[str], n: int) -> dict:
+def one_after_another(eng: Engine, ps: list[str], n: int, raw: bool) -> dict:
     t0 = time.perf_counter()
-    outs = [eng.generate(p, raw=RAW[0], max_tokens=n, sampling=GREEDY) for p in ps]
+    outs = [eng.generate(p, raw=raw, max_tokens=n, sampling=GREEDY) for p in ps]
     wall = time.perf_counter() - t0
     return {"wall": wall, "tokens": sum(len(o.tokens) for o in outs),
             "ttft": [o.stats.first_token_seconds for o in outs], "outs": outs}
 
 
-def at_once(eng: Engine, ps: list[str], n: int, speculative: bool) -> dict:
+def at_once(eng: Engine, ps: list[str], n: int, raw: bool, speculative: bool) -> dict:
     first, outs = {}, {}
     start = threading.Barrier(len(ps) + 1)
 
     def run(i: int, p: str) -> None:
         start.wait()
         t = time.perf_counter()
-        s = eng.stream(p, raw=RAW[0], max_tokens=n, sampling=GREEDY, speculative=speculative)
+        s = eng.stream(p, raw=raw, max_tokens=n, sampling=GREEDY, speculative=speculative)
         for j, _ in enumerate(s):
             if j == 0:
                 first[i] = time.perf_counter() - t
@@ -78,7 +77,7 @@ def main() -> None:
                     help="pinned: a benchmark measures the code, not the thread governor")
     args = ap.parse_args()
     counts = [int(s) for s in args.streams.split(",")]
-    RAW[0] = not args.chat
+    raw = not args.chat
     kw = dict(target=args.target, draft=args.draft) if args.target else dict(pair=args.pair)
     eng = Engine.load(**kw, n_ctx=args.ctx_size, parallel=max(counts), n_threads=args.threads)
     eng.generate("Warm up.", raw=True, max_tokens=8, sampling=GREEDY)
@@ -98,16 +97,15 @@ def main() -> None:
             for how in order:
                 tag += 1
                 ps = prompts(k, tag)
-                res = (one_after_another(eng, ps, args.n) if how == "seq" else
-                       at_once(eng, ps, args.n, speculative=how == "spec"))
+                res = (one_after_another(eng, ps, args.n, raw) if how == "seq" else
+                       at_once(eng, ps, args.n, raw, speculative=how == "spec"))
                 rates[how].append(res["tokens"] / res["wall"])
                 if how == "seq":
                     lone.append(min(res["ttft"]))
                 if how == "spec":
                     worst.append(max(res["ttft"]))
-                if how == "spec":
                     # the same prompts again alone: batched greedy answers equal them
-                    ref = one_after_another(eng, ps, args.n)["outs"]
+                    ref = one_after_another(eng, ps, args.n, raw)["outs"]
                     same += sum(a.tokens == b.tokens for a, b in zip(ref, res["outs"]))
         med = {h: statistics.median(v) for h, v in rates.items()}
         print(f"{k:>7} {med['seq']:>9.1f}/s {med['plain']:>10.1f}/s {med['spec']:>9.1f}/s "

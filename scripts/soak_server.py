@@ -204,9 +204,7 @@ def main() -> None:
                 status, text = streamed(port, {**greedy, "prompt": LONG})
             with lock:
                 counts[kind] += 1
-                if status >= 500:
-                    failures.append(f"client {c} request {r} ({kind}): {status} {text}")
-                elif status != 200:
+                if status != 200:                  # a 5xx, or a 4xx this soak never provokes
                     failures.append(f"client {c} request {r} ({kind}): {status} {text}")
                 elif kind in ("greedy whole", "greedy streamed", "long prompt") \
                         and text != solo[prompt]:
