@@ -78,6 +78,12 @@ class Rounds:
         self._queue: list[_Request] = []
         self._busy = False
         self.passes = 0                 # llama_decode calls made for several members
+        self.prompt_passes = 0          # passes that held a prompt's tokens
+        # Tokens the streams committed, counted at the target's decoding passes: a stream's
+        # pass starts where its last one committed (its cache holds its context but the
+        # last token), so the difference between two starts is what that round committed.
+        self.committed = 0
+        self._starts: dict = {}         # sequence -> where its last decoding pass started
         self.rows_per_pass: list[int] = []
 
     # -- membership -----------------------------------------------------------------------
@@ -203,6 +209,7 @@ class Rounds:
 
     def _run(self, model, group: list[_Request]) -> None:
         context = sum(len(r.part[0].tokens) for r in group) // len(group)
+        starts = [(r.part[0], len(r.part[0].tokens)) for r in group]
         t0 = time.perf_counter()
         try:
             if group[0].hidden:
@@ -222,12 +229,26 @@ class Rounds:
             # Only decoding passes teach the costs (a prompt's chunk is another regime, and
             # its few logits are not its size).
             decoding = all(r.hidden or r.part[2] == len(r.part[1]) for r in group)
-            if self._on_pass is not None and decoding:
+            if not decoding:
+                self.prompt_passes += 1
+            if model is self.models[-1]:
+                self._count(starts, decoding)
+            if decoding and self._on_pass is not None:
                 self._on_pass(model is self.models[-1], rows, time.perf_counter() - t0,
                               context)
         except BaseException as e:  # noqa: BLE001 - each request's caller raises it
             for r in group:
                 r.error = e
+
+
+    def _count(self, starts: list, decoding: bool) -> None:
+        """Add what each stream committed since its last pass of the target (a prompt's
+        pass starts the count of its stream afresh)."""
+        for seq, start in starts:
+            last = self._starts.get(seq)
+            if decoding and last is not None and start > last:
+                self.committed += start - last
+            self._starts[seq] = start if decoding else None
 
 
 class Cancelled(Exception):

@@ -167,6 +167,26 @@ def test_greedy_answers_batched_equal_each_alone(eng, smollm2_f32_path):
         assert batched[p].finish_reason == alone[p].finish_reason
 
 
+def test_while_the_batch_gate_says_plain_the_streams_draft_nothing(eng, monkeypatch,
+                                                                   smollm2_f32_path):
+    """Several streams draft only while drafting measures faster than plain batching
+    (drafting/gate.py): with the gate at plain, no batched stream drafts, the answers are
+    still each alone's, and the rounds count every token the streams committed."""
+    alone = {p: eng.generate(p, raw=True, max_tokens=32, sampling=GREEDY) for p in PROMPTS}
+    gate = eng._drafting.gate
+    assert gate is not None
+    monkeypatch.setattr(gate, "drafts", lambda: False)
+    committed = eng.lanes.rounds.committed
+    batched = together(eng, GREEDY, 32)
+    made = sum(len(batched[p].tokens) for p in PROMPTS)
+    # (each stream's first token comes from its prompt's pass, its last is never verified)
+    assert made - 2 * len(PROMPTS) <= eng.lanes.rounds.committed - committed <= made
+    for p in PROMPTS:
+        assert batched[p].stats.drafted == 0
+        check_greedy_equivalent(smollm2_f32_path, eng.prompt_tokens(p, raw=True),
+                                alone[p].tokens, batched[p].tokens, NEAR_TIE)
+
+
 def test_seeded_answers_batched_equal_each_alone(eng):
     """A seed's text does not depend on the drafts, nor on the streams beside it (the keyed
     noise is the position's and the token's): equal token for token, where the numerics of a

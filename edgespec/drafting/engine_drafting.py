@@ -23,6 +23,7 @@ from ..threads import governors_suspended
 from .base import Drafter
 from .cross_vocab import Translation
 from .batch import Ask, BatchCosts, plan_round
+from .gate import BatchGate, GatedDrafter
 from .costs import CostCache, Costs, calibrate, calibrate_cached, measure_draft_batch
 from .hybrid import HybridDrafter
 from .model import ModelDrafter
@@ -118,6 +119,8 @@ class EngineDrafting:
         # that lane's conversation), serving its drafters and its prompt pass.
         self._cross: dict[int, Optional[tuple]] = {}
         self.costs: Optional[Costs] = None
+        # Whether several streams draft at all, by their measured throughput (gate.py).
+        self.gate: Optional[BatchGate] = None
         self._by_kind: dict = {}
         self._recalibrate, self._progress = recalibrate, progress
         self._remeasure_wait = self.REMEASURE_AFTER
@@ -149,6 +152,10 @@ class EngineDrafting:
         mean, not one sequence's."""
         if self.costs is not None and self.parallel > 1:
             self.costs.position = lanes.mean_context
+        if self.parallel > 1:
+            rounds = lanes.rounds
+            self.gate = BatchGate(lambda: rounds.size, lambda: rounds.prompt_passes,
+                                  lambda: rounds.committed)
 
     def observe_pass(self, target: bool, rows: int, seconds: float, context: int) -> None:
         """A pass over several streams (:mod:`edgespec.rounds`): the target's, of ``rows``
@@ -157,6 +164,8 @@ class EngineDrafting:
         lanes' own: its calibrated costs stay)."""
         if target and self.costs is not None:
             self.costs.observe_target(rows, seconds, context)
+        if target and self.gate is not None:
+            self.gate.passed()
 
     def plan_round(self, asks: list) -> list:
         """The round's draft lengths for the lanes that asked (drafting/batch.py)."""
@@ -230,10 +239,14 @@ class EngineDrafting:
             joint = ((lambda rates, cap, alone: lane.plan(
                 Ask(rates, cap, alone, position=len(lane.target.tokens))))
                 if self.parallel > 1 else None)
-            self._by_kind[key] = make_drafter(
+            drafter = make_drafter(
                 spec, costs=self.costs, k_max=min(spec.k_max, self.target.n_outputs_max - 1),
                 draft_model=lane.draft, eog=self.target.vocab.eog, head=lane.head,
                 cross=self.cross_for(lane), joint=joint)
+            # A pinned length is the user's; an adaptive one drafts while drafting measures
+            # faster than plain batching.
+            self._by_kind[key] = (GatedDrafter(drafter, self.gate)
+                                  if self.gate is not None and kind != "fixed" else drafter)
         return self._by_kind[key]
 
     def cross_for(self, lane: "Lane") -> Optional[tuple]:
