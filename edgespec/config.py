@@ -147,6 +147,8 @@ class SpecConfig:
     sampling accepts drafts, ``block`` (block verification: the draft judged as a whole, at
     least as many tokens accepted in expectation) or ``token`` (token-wise rejection
     sampling); both are lossless. Greedy and seeded decoding have their own rules.
+    ``suffix``: the n-gram drafts also come from earlier requests' prompts and answers (a
+    suffix index per Engine, :mod:`edgespec.drafting.suffix`), not only from the context.
     """
 
     FIXED_DEFAULT = 16        # K when adaptive=False and draft_max is not given
@@ -158,6 +160,7 @@ class SpecConfig:
     p_min: float = 0.0
     k_max: int = 32           # the longest draft the cost model may choose
     verifier: str = VERIFIER  # the acceptance rule for unseeded sampling: "block" or "token"
+    suffix: bool = True       # n-gram drafts from earlier requests too (drafting/suffix.py)
 
     def __post_init__(self) -> None:
         if self.drafter not in DRAFTERS:

@@ -103,7 +103,8 @@ class Engine:
              n_gpu_layers: int = -1, draft_n_gpu_layers: int = -1,
              drafter: Optional[str] = None, draft_max: Optional[int] = None,
              adaptive: bool = True, p_min: float = 0.0, verifier: str = config.VERIFIER,
-             verbose: bool = False, recalibrate: bool = False, rpc=None, draft_rpc=None,
+             suffix: bool = True, verbose: bool = False, recalibrate: bool = False,
+             rpc=None, draft_rpc=None,
              cpu_extra_buffers: str = "auto", cache_ram: int = config.CACHE_RAM_MIB,
              parallel: int = 1, progress: Callable[[str], None] = lambda s: None) -> "Engine":
         """Load a target GGUF and optionally a draft GGUF (or a registry ``pair`` name).
@@ -115,9 +116,11 @@ class Engine:
         (``adaptive=False`` pins it to 16; ``draft_max=K`` pins it to K; ``p_min`` then cuts
         drafts whose top probability is below it). ``verifier``: how unseeded sampling accepts
         drafts, ``"block"`` (block verification, the default) or ``"token"`` (token-wise
-        rejection sampling); both are lossless. The cost model's calibration is measured once
-        per model file and setting and kept; ``recalibrate=True`` measures it again;
-        ``progress`` is told what loading is doing (a line at a time). Raises
+        rejection sampling); both are lossless. ``suffix``: n-gram drafts also come from
+        earlier requests' prompts and answers (:mod:`edgespec.drafting.suffix`). The cost
+        model's calibration is measured once per model file and setting and kept;
+        ``recalibrate=True`` measures it again; ``progress`` is told what loading is doing
+        (a line at a time). Raises
         :class:`~edgespec.errors.ModelLoadError` for files that cannot be loaded and
         :class:`~edgespec.errors.IncompatiblePairError` when the draft's tokenizer differs.
         ``rpc``: ``"HOST:PORT,…"`` (or a list) of ``edgespec worker`` processes that hold the
@@ -139,7 +142,7 @@ class Engine:
         if drafter is None:
             drafter = SpecConfig.default_drafter(draft is not None)
         spec = SpecConfig(drafter=drafter, draft_max=draft_max, adaptive=adaptive, p_min=p_min,
-                          verifier=verifier)
+                          verifier=verifier, suffix=suffix)
         if spec.uses_draft_model and draft is None:
             raise InvalidParameterError("drafter", drafter, "'ngram' or 'none' when no draft "
                                         "model is given (or pass draft=PATH)")
@@ -293,7 +296,7 @@ class Engine:
         self._check_open()
         sampling = req.sampling if req.sampling is not None else SamplingParams()
         run, thinking = self._prompter.request(req, sampling, self.n_ctx, speculation=(
-            self._drafting.speculation(sampling) if req.speculative else None))
+            self._drafting.speculation(sampling, req.index_key) if req.speculative else None))
         job = Job(self.lanes, not_started(run))
         events = run_generation(job, self.lanes, run, self.prompt_cache)
         return Stream(job, thinking.events(events) if thinking is not None else events)

@@ -141,6 +141,7 @@ class _Run:
         the draft. The drafter is asked for first: building one may calibrate."""
         spec = self.req.speculation
         self.drafter = spec.drafter(self.lane) if spec else None
+        self.lane.suffix = spec.index if spec else None
         t0 = self.t0 = time.perf_counter()
         want = self.req.prompt[:-1]
         if self.cache is not None:
@@ -219,6 +220,10 @@ class _Run:
             s.plain_pass_seconds = self.req.speculation.plain_cost() or 0.0
         if self.req.grammar is not None:
             s.grammar_seconds = self.req.grammar.seconds
+        spec = self.req.speculation
+        if spec is not None and spec.index is not None:
+            # What this request read and wrote, for the next ones to draft from.
+            spec.index.add(list(self.req.prompt) + self.tokens)
 
     def result(self) -> Generation:
         req = self.req

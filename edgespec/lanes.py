@@ -23,6 +23,7 @@ from .streams import Job
 
 if TYPE_CHECKING:
     from .drafting import ReducedHead
+    from .drafting.suffix import SuffixIndex
 
 
 @dataclass(eq=False)
@@ -35,6 +36,7 @@ class Lane:
     draft: Optional[StreamModel]
     head: Optional["ReducedHead"]
     rounds: Rounds
+    suffix: Optional["SuffixIndex"] = None    # the earlier requests its generation drafts from
 
     def plan(self, ask) -> int:
         """This lane's draft length for the round, planned with the other lanes'."""

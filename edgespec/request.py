@@ -21,6 +21,7 @@ from .results import Generation
 if TYPE_CHECKING:
     from .constraints import Constraint, GrammarState
     from .drafting import Drafter
+    from .drafting.suffix import SuffixIndex
     from .lanes import Lane
 
 Prompt = Union[str, Sequence[Mapping[str, str]]]
@@ -37,8 +38,10 @@ class GenerationRequest:
     Constraint`); ``tools`` / ``tool_choice`` / ``parallel_tool_calls``: functions the model
     may call; ``logprobs``: each token's log probability with this many alternatives;
     ``think``: a thinking model's reasoning on or off (None: its template's default).
-    :meth:`Engine.stream <edgespec.engine.Engine.stream>` documents each; its defaults are
-    these."""
+    ``index_key``: whose earlier requests its drafts may come from and it adds to (a
+    server's API key, digested; None: the Engine's own callers; see
+    :mod:`edgespec.drafting.suffix`). :meth:`Engine.stream <edgespec.engine.Engine.stream>`
+    documents each; its defaults are these."""
 
     prompt: Prompt
     max_tokens: int = config.MAX_TOKENS
@@ -52,6 +55,7 @@ class GenerationRequest:
     parallel_tool_calls: bool = False
     logprobs: Optional[int] = None
     think: Any = None
+    index_key: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,7 @@ class Speculation:
     plain_cost: Callable[[], Optional[float]] = lambda: None
     verifier: str = "block"
     draft_tokens: Callable[["Lane", list[int]], list[int]] = lambda lane, tokens: tokens
+    index: Optional["SuffixIndex"] = None   # earlier requests' tokens, read and fed
 
 
 @dataclass(frozen=True)

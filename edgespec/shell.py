@@ -149,6 +149,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft-p-min", type=float, default=SpecConfig.p_min, metavar="P",
                    help="with a pinned length: stop drafting when the draft's top probability "
                         f"is below P (default {SpecConfig.p_min:g})")
+    g.add_argument("--no-suffix-index", action="store_true",
+                   help="draft n-grams from the context only, not also from earlier "
+                        "requests' prompts and answers")
     g.add_argument("--ctx-size", "-c", type=int, default=config.N_CTX, metavar="N",
                    help=f"context size in tokens (default {config.N_CTX})")
     g.add_argument("--threads", "-t", type=int, metavar="N", help="CPU threads for llama.cpp")
@@ -265,7 +268,8 @@ def load_engine(args, say: Callable[[str], None] = status, **overrides):
               adaptive=not args.no_adaptive, p_min=args.draft_p_min, verbose=args.verbose,
               recalibrate=args.recalibrate, progress=progress,
               rpc=getattr(args, "rpc", None), draft_rpc=getattr(args, "draft_rpc", None),
-              cpu_extra_buffers=getattr(args, "cpu_extra_buffers", "auto"))
+              cpu_extra_buffers=getattr(args, "cpu_extra_buffers", "auto"),
+              suffix=not getattr(args, "no_suffix_index", False))
     try:
         return Engine.load(**{**kw, **overrides})
     finally:

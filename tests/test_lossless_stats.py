@@ -36,6 +36,7 @@ from edgespec import verify
 from edgespec.config import SamplingParams
 from edgespec.drafting import (AdaptiveLength, Costs, FixedLength, HybridDrafter, ModelDrafter,
                                NgramDrafter)
+from edgespec.drafting.suffix import SuffixIndex
 from edgespec.sampling import Dist
 from edgespec.verify import residual
 from edgespec.speculative import LoopStats, decode
@@ -208,6 +209,18 @@ def make_drafter(kind: str, draft: MarkovLM, K):
         return _StopsOnTheDrawnToken(draft, frozenset(), make_policy(K))
     if kind == "ngram":
         return NgramDrafter(make_policy(K), ngram_min=1, ngram_max=3)
+    if kind in ("suffix", "hybrid-suffix"):
+        # Drafts from the earlier runs' samples too (drafting/suffix.py: run_loop feeds it):
+        # the proposals now depend on what earlier runs drew, the output must not.
+        index = _CountingIndex()
+        ngram = NgramDrafter(make_policy(K, free=kind != "suffix"), ngram_min=2, ngram_max=3,
+                             index=lambda: index)
+        ngram.suffix = index
+        if kind == "suffix":
+            return ngram
+        hybrid = HybridDrafter(ModelDrafter(draft, frozenset(), make_policy(K)), ngram)
+        hybrid.suffix = index
+        return hybrid
     ngram = NgramDrafter(make_policy(K, free=True), ngram_min=3 if kind == "hybrid-extend" else 2)
     if kind == "hybrid-extend":
         # The model drafts when there is no 3-token match, and a match of the context plus
@@ -215,6 +228,17 @@ def make_drafter(kind: str, draft: MarkovLM, K):
         return HybridDrafter(_CountingModelDrafter(draft, frozenset(), make_policy(K)), ngram,
                              extend_match=2)
     return HybridDrafter(ModelDrafter(draft, frozenset(), make_policy(K)), ngram)
+
+
+class _CountingIndex(SuffixIndex):
+    """Counts the lookups that found an earlier run's continuation."""
+
+    found = 0
+
+    def lookup(self, context, k):
+        out = super().lookup(context, k)
+        self.found += bool(out[0])
+        return out
 
 
 class _StopsOnTheDrawnToken(ModelDrafter):
@@ -262,6 +286,8 @@ def run_loop(K, seed: int, kind: str = "model", keyed: bool = False, verifier: s
                                        max_new=N_NEW, drafter=drafter, stats=stats,
                                        verifier=verifier)]
         seqs[r] = out
+        if hasattr(drafter, "suffix"):
+            drafter.suffix.add(list(chain.context) + out)
     return seqs, stats
 
 
@@ -333,12 +359,16 @@ def test_multi_position_loop_matches_plain_sampling(K, verifier, chain):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind,K,verifier", [
     ("ngram", 4, "block"), ("hybrid", 4, "block"), ("hybrid", "hybrid-adaptive", "block"),
-    ("hybrid-extend", 6, "block"), ("hybrid", "hybrid-adaptive", "token")])
+    ("hybrid-extend", 6, "block"), ("hybrid", "hybrid-adaptive", "token"),
+    ("suffix", 4, "block"), ("hybrid-suffix", "hybrid-adaptive", "block"),
+    ("suffix", "adaptive", "token")])
 def test_multi_position_other_drafters_match_plain_sampling(kind, K, verifier):
     seqs, stats = run_loop(K, seed=7 + len(kind), kind=kind, verifier=verifier)
     assert stats.drafted > 0 and 0 < stats.accepted < stats.drafted
     if kind == "hybrid-extend":     # model drafts that an n-gram match continued
         assert run_loop.drafter.model.extended_rounds > N_RUNS // 20
+    if "suffix" in kind:            # earlier runs' continuations were proposed
+        assert run_loop.drafter.suffix.found > N_RUNS
     check_matches_plain(seqs)
 
 
@@ -383,6 +413,17 @@ def test_multi_position_negative_control_fails(monkeypatch, verifier, rule):
                         lambda x, q, p, rng, n_vocab: (len(x), p(len(x)).sample(rng)))
     seqs, _ = run_loop(4, seed=7, verifier=verifier)
     check_caught(seqs, at_least=10)                 # measured: 78× (position 3)
+
+
+@pytest.mark.slow
+def test_accepting_every_suffix_draft_is_caught(monkeypatch):
+    """Negative control with drafts from earlier runs: accepting them all repeats what earlier
+    runs drew (the most frequent continuation), not the target's law; the test sees it."""
+    import edgespec.speculative as spec
+    monkeypatch.setattr(spec, "verify_block",
+                        lambda x, q, p, rng, n_vocab: (len(x), p(len(x)).sample(rng)))
+    seqs, _ = run_loop(4, seed=11, kind="suffix", runs=N_RUNS // 4)
+    check_caught(seqs, at_least=3)
 
 
 def _first_failure_block_rule(x, q, p, rng, n_vocab):

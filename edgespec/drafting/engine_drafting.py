@@ -24,6 +24,7 @@ from .base import Drafter
 from .cross_vocab import Translation
 from .batch import Ask, BatchCosts, plan_round
 from .gate import BatchGate, GatedDrafter
+from .suffix import SuffixIndexes
 from .costs import CostCache, Costs, calibrate, calibrate_cached, measure_draft_batch
 from .hybrid import HybridDrafter
 from .model import ModelDrafter
@@ -39,12 +40,15 @@ if TYPE_CHECKING:
 def make_drafter(spec: SpecConfig, *, costs: Optional[Costs], k_max: int,
                  draft_model: Optional[LanguageModel] = None, eog: frozenset[int] = frozenset(),
                  head: Optional[ReducedHead] = None, cross=None,
-                 joint: Optional[Callable] = None) -> Optional[Drafter]:
+                 joint: Optional[Callable] = None,
+                 index: Optional[Callable] = None) -> Optional[Drafter]:
     """The drafter ``spec`` names, each source with its own length policy: the cost model over
     ``costs`` (drafts of at most ``k_max``), or the spec's fixed K when it pins one. ``costs``
     may be None only for a fixed K. None for ``drafter="none"``. ``cross``: a draft model of
     another vocabulary (see :class:`~.model.ModelDrafter`). ``joint``: the draft model's
-    lengths are planned with other streams' (:attr:`~.policy.AdaptiveLength.joint`)."""
+    lengths are planned with other streams' (:attr:`~.policy.AdaptiveLength.joint`).
+    ``index``: the suffix index of earlier requests the n-gram drafts also read, as of the
+    current generation (a callable: None when it has none)."""
     fixed = not spec.is_adaptive
 
     def policy(c: Optional[Costs]) -> LengthPolicy:
@@ -63,10 +67,11 @@ def make_drafter(spec: SpecConfig, *, costs: Optional[Costs], k_max: int,
     if spec.drafter is DrafterKind.MODEL:
         return model_drafter()
     if spec.drafter is DrafterKind.NGRAM:         # (costs were measured with free drafts)
-        return NgramDrafter(policy(costs))
+        return NgramDrafter(policy(costs), index=index)
     if spec.drafter is DrafterKind.HYBRID:
         return HybridDrafter(model_drafter(),
-                             NgramDrafter(policy(costs.free() if costs is not None else None)))
+                             NgramDrafter(policy(costs.free() if costs is not None else None),
+                                          index=index))
     return None
 
 
@@ -121,6 +126,8 @@ class EngineDrafting:
         self.costs: Optional[Costs] = None
         # Whether several streams draft at all, by their measured throughput (gate.py).
         self.gate: Optional[BatchGate] = None
+        # Earlier requests' prompts and answers, one index per key (suffix.py).
+        self.indexes = SuffixIndexes() if spec.suffix and spec.drafts else None
         self._by_kind: dict = {}
         self._recalibrate, self._progress = recalibrate, progress
         self._remeasure_wait = self.REMEASURE_AFTER
@@ -242,7 +249,7 @@ class EngineDrafting:
             drafter = make_drafter(
                 spec, costs=self.costs, k_max=min(spec.k_max, self.target.n_outputs_max - 1),
                 draft_model=lane.draft, eog=self.target.vocab.eog, head=lane.head,
-                cross=self.cross_for(lane), joint=joint)
+                cross=self.cross_for(lane), joint=joint, index=lambda: lane.suffix)
             # A pinned length is the user's; an adaptive one drafts while drafting measures
             # faster than plain batching.
             self._by_kind[key] = (GatedDrafter(drafter, self.gate)
@@ -255,13 +262,16 @@ class EngineDrafting:
             self._cross[lane.index] = translation_for(self.target, self.draft, self._vocab_map)
         return self._cross[lane.index]
 
-    def speculation(self, sampling: SamplingParams) -> Optional[Speculation]:
-        """How a generation with ``sampling`` drafts; None: nothing drafts."""
+    def speculation(self, sampling: SamplingParams, index_key: Optional[str] = None
+                    ) -> Optional[Speculation]:
+        """How a generation with ``sampling`` drafts (from the earlier requests of
+        ``index_key``'s index); None: nothing drafts."""
         if not self.spec.drafts:
             return None
         return Speculation(drafter=lambda lane: self.for_sampling(sampling, lane),
                            plain_cost=self.plain_pass_seconds, verifier=self.spec.verifier,
-                           draft_tokens=self.draft_tokens)
+                           draft_tokens=self.draft_tokens,
+                           index=self.indexes.get(index_key) if self.indexes else None)
 
     def draft_tokens(self, lane: "Lane", context: list[int]) -> list[int]:
         """``context`` (target tokens) as ``lane``'s draft cache holds it."""

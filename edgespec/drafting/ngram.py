@@ -11,6 +11,7 @@ from ..config import SamplingParams
 from ..sampling import Dist
 from .base import Draft, Extender
 from .policy import LengthPolicy
+from .suffix import SuffixIndex
 
 if TYPE_CHECKING:
     from ..constraints import GrammarState
@@ -47,8 +48,9 @@ class NgramDrafter:
     """
 
     def __init__(self, policy: LengthPolicy, ngram_min: int = 2, ngram_max: int = 8,
-                 window: int = 4096):
+                 window: int = 4096, index: Optional[Callable[[], Optional[SuffixIndex]]] = None):
         self.policy = policy
+        self.index = index      # earlier requests' tokens (suffix.py), as of this generation
         self.ngram_min, self.ngram_max, self.window = ngram_min, ngram_max, window
         self._planned = 0       # this round's plan
 
@@ -63,9 +65,16 @@ class NgramDrafter:
               rng: np.random.Generator, should_stop: Callable[[], bool],
               constraint: Optional["GrammarState"] = None) -> Draft:
         t0 = time.perf_counter()
-        x, n = lookup(context, min(k_max, self._planned), self.ngram_min, self.ngram_max,
-                      self.window)
-        confidence = n / self.ngram_max if self.policy.needs_confidence else None
+        k = min(k_max, self._planned)
+        x, n = lookup(context, k, self.ngram_min, self.ngram_max, self.window)
+        index = self.index() if self.index is not None else None
+        if index is not None and k > 0:
+            # An earlier request that matches the context's end for longer (a regenerated
+            # answer, a repeated step) predicts better than the context's own match.
+            y, m = index.lookup(context, k)
+            if m > n and y:
+                x, n = y, m
+        confidence = min(1.0, n / self.ngram_max) if self.policy.needs_confidence else None
         for i in range(len(x)):
             if should_stop() or not self.policy.keep_drafting(i, confidence):
                 del x[i:]

@@ -41,6 +41,7 @@ Ollama's ``{"error": message}``, Anthropic's ``{"type": "error", "error": {"type
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import hmac
 import logging
 from typing import Optional, Sequence
@@ -58,7 +59,7 @@ from . import page
 from .anthropic import AnthropicRoutes, is_anthropic
 from .anthropic_replies import anthropic_error
 from .embeddings import EmbeddingRoutes
-from .generation import GenerationPath
+from .generation import INDEX_KEY, GenerationPath
 from ..catalogue import entry_for
 from .models import ModelManager
 from .ollama import OllamaRoutes
@@ -110,17 +111,24 @@ class Guard:
     streamed responses pass through untouched). ``/health`` and the page need no key
     (:func:`needs_key`)."""
 
-    def __init__(self, app, api_key: Optional[str], allowed_hosts: Optional[set]):
+    def __init__(self, app, api_key, allowed_hosts: Optional[set],
+                 shared_index: bool = False):
         self.app = app
-        self.api_key = api_key.encode() if api_key else None
+        keys = [api_key] if isinstance(api_key, str) else list(api_key or ())
+        self.keys = [k.encode() for k in keys if k]
         self.allowed_hosts = allowed_hosts
+        # Each key's requests draft from its own suffix index, unless the operator shares one.
+        self.per_key = len(self.keys) > 1 and not shared_index
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
-            err = self.check(Headers(scope=scope), scope["path"])
+            headers = Headers(scope=scope)
+            err = self.check(headers, scope["path"])
             if err is not None:
                 await error_response(err, scope["path"])(scope, receive, send)
                 return
+            if self.per_key and needs_key(scope["path"]):
+                scope[INDEX_KEY] = hashlib.sha256(_given_key(headers).encode()).hexdigest()
         await self.app(scope, receive, send)
 
     def check(self, headers: Headers, path: str) -> Optional[APIError]:
@@ -130,18 +138,26 @@ class Guard:
                 return APIError(400, f"this server only answers requests addressed to "
                                      f"127.0.0.1 or localhost, not {host!r} (start it with "
                                      "--api-key to serve other names)", code="invalid_host")
-        if self.api_key is not None and needs_key(path):
-            given = headers.get("x-api-key", "")      # Anthropic's clients send it so
-            if not given.strip():
-                scheme, _, given = headers.get("authorization", "").partition(" ")
-                given = given if scheme.lower() == "bearer" else ""
-            if not given.strip():
+        if self.keys and needs_key(path):
+            given = _given_key(headers)
+            if not given:
                 return APIError(401, "missing API key: send the header 'Authorization: "
                                      "Bearer KEY' (or 'x-api-key: KEY')",
                                 code="invalid_api_key")
-            if not hmac.compare_digest(given.strip().encode(), self.api_key):
+            # every key compared, so that the time taken does not tell which one came close
+            if sum(hmac.compare_digest(given.encode(), k) for k in self.keys) == 0:
                 return APIError(401, "incorrect API key", code="invalid_api_key")
         return None
+
+
+def _given_key(headers: Headers) -> str:
+    """The API key a request sends: ``x-api-key`` (Anthropic's clients), else ``Authorization:
+    Bearer``; "" when none."""
+    given = headers.get("x-api-key", "")
+    if not given.strip():
+        scheme, _, given = headers.get("authorization", "").partition(" ")
+        given = given if scheme.lower() == "bearer" else ""
+    return given.strip()
 
 
 class OriginGuard:
@@ -257,7 +273,7 @@ def create_app(engine=None, *, model_id: Optional[str] = None,
                manager: Optional[ModelManager] = None, api_key: Optional[str] = None,
                cors_origins: Sequence[str] = (), max_body: int = MAX_BODY_BYTES,
                host: str = "127.0.0.1", metrics=None, n_ctx: Optional[int] = None,
-               close_on_shutdown: bool = False) -> Starlette:
+               close_on_shutdown: bool = False, shared_index: bool = False) -> Starlette:
     """The server's ASGI app over ``manager``'s models, or over one ``engine`` served as
     ``model_id`` (the caller keeps and closes either).
 
@@ -267,7 +283,8 @@ def create_app(engine=None, *, model_id: Optional[str] = None,
     manager's models are loaded with when a request asks for no more (default: the
     engine's; a manager that has its own keeps it). ``close_on_shutdown``: the
     app's lifespan closes the manager's models when the server stops (run it with
-    ``lifespan="on"``).
+    ``lifespan="on"``). ``api_key``: one key, or several (each key's requests then draft from
+    their own suffix index of earlier requests, unless ``shared_index``).
     """
     if manager is None:
         if engine is None or model_id is None:
@@ -302,7 +319,8 @@ def create_app(engine=None, *, model_id: Optional[str] = None,
                                                     "x-api-key", "anthropic-version",
                                                     "anthropic-beta"],
                                      allow_credentials=False))
-    middleware.append(Middleware(Guard, api_key=api_key, allowed_hosts=allowed_hosts))
+    middleware.append(Middleware(Guard, api_key=api_key, allowed_hosts=allowed_hosts,
+                                 shared_index=shared_index))
     middleware.append(Middleware(OriginGuard, origins=cors_origins))
     @contextlib.asynccontextmanager
     async def lifespan(app):

@@ -37,8 +37,14 @@ def build_serve_parser(sub) -> None:
                    help="address to listen on (default 127.0.0.1: this machine only; any "
                         "other address needs --api-key)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free)")
-    p.add_argument("--api-key", metavar="KEY",
-                   help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV})")
+    p.add_argument("--api-key", metavar="KEY", action="append",
+                   help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}); "
+                        "repeatable, one per app or user: each key's requests then draft "
+                        "from their own index of earlier requests")
+    p.add_argument("--shared-suffix-index", action="store_true",
+                   help="with several --api-key: let every key's requests draft from one "
+                        "index of all earlier requests (faster repeats across apps; a fast "
+                        "answer can then tell one key's user that another asked the same)")
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="let web pages from ORIGIN (e.g. http://localhost:3000) call the "
                         "server; repeatable; none by default")
@@ -83,9 +89,11 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_options(host: str, port: int, api_key: str | None, cors: list[str]) -> None:
+def check_options(host: str, port: int, api_key: list[str] | str | None,
+                  cors: list[str]) -> None:
     """The bind, key and CORS rules; raises :class:`UsageError` (one line) when broken."""
-    if api_key is not None and not re.fullmatch(r"[!-~]+", api_key):
+    keys = [api_key] if isinstance(api_key, str) else list(api_key or ())
+    if any(not re.fullmatch(r"[!-~]+", k) for k in keys):
         raise UsageError("--api-key must be non-empty printable ASCII without spaces")
     if not is_loopback(host) and not api_key:
         raise UsageError(f"refusing to listen on {host or 'all addresses'} without an API key: "
@@ -196,7 +204,8 @@ def _log_like_uvicorn(level: str) -> None:
 
 
 def cmd_serve(args) -> int:
-    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    api_key = args.api_key if args.api_key else (
+        [os.environ[API_KEY_ENV]] if os.environ.get(API_KEY_ENV) else None)
     check_options(args.host, args.port, api_key, args.cors_origin)
     budget = manager_options(args)
     try:
@@ -225,7 +234,8 @@ def cmd_serve(args) -> int:
                                            if m.entry.kind != "embedding"])
             app = create_app(manager=manager, n_ctx=engine.n_ctx, api_key=api_key,
                              cors_origins=args.cors_origin, host=args.host, metrics=metrics,
-                             close_on_shutdown=True)
+                             close_on_shutdown=True,
+                             shared_index=args.shared_suffix_index)
             _log_like_uvicorn(args.log_level)
             config = uvicorn.Config(app, log_level=args.log_level, lifespan="on",
                                     timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,

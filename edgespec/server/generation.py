@@ -18,6 +18,7 @@ whole response is cancelled when its client goes away while it waits.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from typing import Any, AsyncIterator, Callable, Optional, TypeVar
@@ -117,6 +118,10 @@ class LeasedResponse:
             await self.leases.aclose()
 
 
+# Where the guard (app.py) leaves a request's key digest: whose suffix index it drafts from.
+INDEX_KEY = "edgespec.index_key"
+
+
 class GenerationPath:
     """Leasing, starting, streaming or collecting, counting: see the module docstring.
     ``metrics``: a :class:`~.metrics.Metrics` to count into (None: not counted)."""
@@ -161,6 +166,10 @@ class GenerationPath:
                       req: APIRequest, framing: Framing, timing: Timing) -> Response:
         """Generate ``req`` on the leased model and answer it in ``framing``: a stream when
         it asked for one (which takes the lease over from ``leases``), else the whole body."""
+        key = request.scope.get(INDEX_KEY)
+        if key is not None:
+            req = dataclasses.replace(req, generation=dataclasses.replace(req.generation,
+                                                                          index_key=key))
         gen = await run_in_threadpool(_mapped, lease.engine.asubmit, req)
         endpoint = request.url.path
         if req.stream:
