@@ -215,6 +215,17 @@ def test_a_resting_adaptive_policy_forgets_and_reprobes():
     assert k > 0
 
 
+def test_a_stalled_catch_up_is_counted_at_most_a_draft_step_per_token():
+    """A batch of context tokens never costs more than as many draft steps: a catch-up that
+    a stall made slower must not make catching up look too dear to be tried again."""
+    costs = Costs(dict(GEMMA[0]), GEMMA[1])
+    model = sevens(AdaptiveLength(costs), n_vocab=400)
+    model.reading.measured(10, 5.0)                             # 0.5 s a token: a stall
+    assert model.reading.catch_up_cost == costs.draft
+    model.reading.measured(10, 10 * 0.2 * costs.draft)          # a real batch: a fifth
+    assert model.reading.catch_up_cost < costs.draft
+
+
 def test_hybrid_decodes_plainly_when_the_draft_lags_too_far_to_catch_up():
     """After long n-gram runs the draft model has not seen many committed tokens; evaluating
     them costs more than drafting with it saves before the next match: a plain round."""
@@ -414,7 +425,14 @@ def test_the_typical_answer_bounds_what_catching_up_is_repaid_over():
     model = sevens(FixedLength(4), n_vocab=400)
     _sevens_loop(None, prompt_len=10, max_new=20, drafter=model)
     assert model.reading.answer_tokens is None
-    model.begin([1] * 50, 2000)                 # the last answer was 20 tokens
+    model.begin([1] * 50, 2000)                 # 20 tokens, cut by its budget: not typical
+    assert model.reading.answer_tokens is None
+    model.rollback(69)                          # ended by itself after 20 tokens
+    model.begin([1] * 50, 2000)
+    assert model.reading.answer_tokens == 20
+    model.begin([1] * 50, 55)                   # a 5-token budget, used up
+    model.rollback(54)
+    model.begin([1] * 50, 2000)                 # cut short: the typical length stays
     assert model.reading.answer_tokens == 20
     assert model.reading.tokens_ahead(50) == 20 and model.reading.tokens_ahead(58) == 12
     assert model.reading.tokens_ahead(90) == 40     # longer than typical: as long again

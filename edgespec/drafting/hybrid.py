@@ -43,6 +43,9 @@ class HybridDrafter:
         # stretch began.
         self.miss_tokens = 16.0
         self._miss_start: Optional[int] = None
+        # The share of the answer's rounds that found no match (decaying mean): the part of
+        # the rest of an answer the model would draft once caught up.
+        self.miss_share = 1.0
 
     def begin(self, context: Sequence[int], limit: int) -> None:
         self.model.begin(context, limit)
@@ -65,12 +68,14 @@ class HybridDrafter:
             self._match_found(len(context))
         elif self._miss_start is None:
             self._miss_start = len(context)
+        self.miss_share += 0.1 * ((not d.x) - self.miss_share)
         if k_model > 0 and self.reading.behind(context):
             # The model catches up (a chunk when that pays, never on the first round) while
             # the n-gram drafts, or the round is plain. While the n-gram matches, catching up
             # must pay before its next miss; without a match the model's reading judges for
             # itself over the rest of the answer (and may read a long prompt through a window).
-            worth = self._catch_up_pays(context) if d.x else None
+            worth = self._catch_up_pays(context, self._model_is_better(k_model)) \
+                if d.x else None
             caught = self.reading.catch_up(context, worth).caught_up
             if not d.x:
                 d = Draft()
@@ -120,12 +125,21 @@ class HybridDrafter:
         mine, theirs = self.model.policy.planned_rate, self.ngram.policy.planned_rate
         return k_model > 0 and mine is not None and theirs is not None and mine > theirs
 
-    def _catch_up_pays(self, context: Sequence[int]) -> bool:
+    def _catch_up_pays(self, context: Sequence[int], everywhere: bool = False) -> bool:
         """Whether catching the model up is repaid before the next n-gram match is likely
-        (and before the answer is expected to end)."""
+        (and before the answer is expected to end). ``everywhere``: the model's rounds are
+        expected to beat the n-gram's, so it would draft where matches are found too: it is
+        repaid over the rest of the answer (short matches in chat text come every few
+        tokens, and their drafts are seldom accepted: judged by the stretch between two
+        matches, a draft model that pays would never be caught up). Otherwise over the
+        stretch to the next match, or the share of the rest that finds none, the longer."""
         seconds = self.reading.catch_up_seconds(context)
         if seconds is None:
             return True
+        rest = self.reading.tokens_ahead(len(context))
         stretch = len(context) - self._miss_start if self._miss_start is not None else 0
-        ahead = min(max(self.miss_tokens, stretch), self.reading.tokens_ahead(len(context)))
+        # Caught up once, the model drafts in every stretch without a match from here on (an
+        # n-gram round puts it behind by only what that round committed).
+        ahead = rest if everywhere else max(min(max(self.miss_tokens, stretch), rest),
+                                            self.miss_share * rest)
         return self.model.policy.catch_up_pays(seconds, ahead)

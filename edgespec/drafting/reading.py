@@ -80,8 +80,13 @@ class Reading:
         tokens long (:meth:`~.base.Drafter.begin`); the last one's length is learned."""
         if self._seen > self._start:        # the previous answer's length, learned
             n = self._seen - self._start
-            self.answer_tokens = (n if self.answer_tokens is None else
-                                  self.answer_tokens + self.ANSWER_EMA * (n - self.answer_tokens))
+            # An answer cut by its budget was at least that long: it may raise the typical
+            # length, never lower it (a short title or a warm-up must not make catching up
+            # look unpaid for the next long answer).
+            cut = self._seen >= self._limit
+            if not cut or self.answer_tokens is not None and n > self.answer_tokens:
+                self.answer_tokens = (n if self.answer_tokens is None else self.answer_tokens
+                                      + self.ANSWER_EMA * (n - self.answer_tokens))
         self._start = self._seen = len(context)
         self._limit = limit
         self._plain_rounds = 0
@@ -151,9 +156,15 @@ class Reading:
         return tokens * self.policy.pass_seconds(1) > seconds + extra * self._token_seconds()
 
     def measured(self, lag: int, seconds: float) -> None:
-        """Evaluating ``lag`` context tokens (and a step's logits) took ``seconds``."""
+        """Evaluating ``lag`` context tokens (and a step's logits) took ``seconds``. A batch
+        of tokens never costs more than that many single draft steps: a figure above that
+        was a stall (the machine busy, a page fault), and kept, it would make catching up
+        look too dear to ever be tried and corrected again, so it is cut to a step's cost."""
         if lag >= 4:
             per_token = seconds / lag
+            step = self.policy.step_seconds()
+            if step is not None:
+                per_token = min(per_token, step)
             self.catch_up_cost = (per_token if self.catch_up_cost is None else
                                   self.catch_up_cost + 0.2 * (per_token - self.catch_up_cost))
 
