@@ -12,22 +12,24 @@ from .report import format_report, plot, require_pyplot
 from .load import format_load_report, run_load_bench
 from .long_prompts import format_long_prompt_report, run_long_prompt_bench
 from .runner import run_bench
+from .task_bench import format_task_report, run_task_bench
+from .tasks import TASKS
 
 
 def cmd_bench(args) -> int:
+    if args.tasks is not None and args.prompts != "tasks":
+        raise UsageError("--tasks goes with --prompts tasks")
     if args.prompt_lengths is not None:
         return cmd_long_prompts(args)
     if args.new_tokens is not None:
         raise UsageError("--new-tokens goes with --prompt-lengths (the other modes take "
                          "--max-tokens)")
     sampling = SamplingParams(temperature=args.temperature, seed=args.seed)
-    try:
-        ks = [int(k) for k in args.ks.split(",") if k]
-    except ValueError:
-        raise UsageError(f"--ks must be comma-separated integers, got {args.ks!r}") from None
-    if any(not 1 <= k <= SpecConfig.K_LIMIT for k in ks):
-        raise UsageError(f"--ks {args.ks} is invalid: draft lengths must be integers in "
-                         f"[1, {SpecConfig.K_LIMIT}]")
+    ks = parse_ks(args.ks or ("2,4,8" if args.prompts == "tasks" else "2,4,8,16"))
+    if args.prompts == "tasks":
+        return cmd_tasks(args, sampling, ks)
+    if args.max_tokens is None:
+        args.max_tokens = 128
     if args.load < 0:
         raise UsageError(f"--load must be a number of busy processes >= 0, not {args.load}")
     if args.plot:
@@ -57,6 +59,48 @@ def cmd_bench(args) -> int:
         plot(res, args.plot)
     print(json.dumps(res) if args.json else format_report(res) + f"\n'{args.prompts}' "
           f"prompts, {mode}")
+    return 0
+
+
+def parse_ks(value: str) -> list[int]:
+    """``--ks``: the pinned draft lengths."""
+    try:
+        ks = [int(k) for k in value.split(",") if k]
+    except ValueError:
+        raise UsageError(f"--ks must be comma-separated integers, got {value!r}") from None
+    if any(not 1 <= k <= SpecConfig.K_LIMIT for k in ks):
+        raise UsageError(f"--ks {value} is invalid: draft lengths must be integers in "
+                         f"[1, {SpecConfig.K_LIMIT}]")
+    return ks
+
+
+def cmd_tasks(args, sampling: SamplingParams, ks: list[int]) -> int:
+    """``edgespec bench --prompts tasks``: whole answers' times per task, from cold caches."""
+    tasks = tuple(dict.fromkeys(t.strip() for t in (args.tasks or ",".join(TASKS)).split(",")
+                                if t.strip()))
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown or not tasks:
+        raise UsageError(f"--tasks {args.tasks} is invalid: name some of "
+                         f"{', '.join(TASKS)}, separated by commas")
+    for option, used in (("--load", args.load), ("--plot", args.plot)):
+        if used:
+            raise UsageError(f"{option} does not apply to --prompts tasks")
+    with load_engine(args) as eng:
+        raw = args.raw or eng.template.is_fallback
+        log = (lambda s: None) if args.json else status
+        mode = ("chat mode: a conversation as its messages, any other prompt as a user "
+                "message, in the model's chat template" if not raw else
+                "raw mode: each prompt is continued as-is, a conversation as plain text ("
+                + ("--raw" if args.raw else "the model has no chat template") + ")")
+        log(f"target {eng.target.path.name}, draft "
+            f"{eng.draft.path.name if eng.draft else '-'}, backend {eng.info()['backend']}, "
+            f"tasks {', '.join(tasks)}, {mode}")
+        res = run_task_bench(eng, tasks=tasks,
+                             max_tokens=args.max_tokens or 64, sampling=sampling, raw=raw,
+                             ks=ks, repeats=args.repeats, log=log)
+        res.update(prompt_set="tasks", prompt_mode="raw" if raw else "chat",
+                   target=eng.target.path.name, draft=eng.draft.path.name)
+    print(json.dumps(res) if args.json else format_task_report(res) + f"\n{mode}")
     return 0
 
 
@@ -118,11 +162,17 @@ def prompt_mode(raw: bool, asked: bool) -> str:
 
 def build_bench_parser(sub) -> None:
     p = sub.add_parser("bench", help="measure every decoding configuration side by side")
-    p.add_argument("--prompts", choices=sorted(PROMPT_SETS), default="default",
-                   help="built-in prompt set (default: default)")
-    p.add_argument("--max-tokens", "-n", type=int, default=128)
+    p.add_argument("--prompts", choices=sorted([*PROMPT_SETS, "tasks"]), default="default",
+                   help="built-in prompt set (default: default); tasks: six kinds of request "
+                        "(chat, translation, summarisation, qa, math, long_passage), each "
+                        "answer timed whole, prompt included, from cold caches")
+    p.add_argument("--tasks", metavar="T[,T…]",
+                   help="with --prompts tasks: only these tasks (default: all six)")
+    p.add_argument("--max-tokens", "-n", type=int, default=None,
+                   help="tokens per answer (default 128; 64 with --prompts tasks)")
     p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--ks", default="2,4,8,16", help="pinned draft lengths to compare")
+    p.add_argument("--ks", help="pinned draft lengths to compare (default 2,4,8,16; 2,4,8 with "
+                               "--prompts tasks)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=None,
                    help="with --temperature above 0: the seeded runs' seed (each prompt adds "

@@ -123,6 +123,16 @@ def predicted_speedup(costs, t: Totals, draft_cost: float) -> Optional[float]:
     return costs.pass_seconds(1) / per_token
 
 
+def config_engines(engine, configs: list[Config]) -> dict:
+    """An Engine for each speculative configuration, on ``engine``'s models (loaded once,
+    shared): switching configuration is picking another Engine. Plain runs use ``engine``
+    itself with ``speculative=False``."""
+    from ..engine import Engine
+    return {c.name: Engine(engine.target, engine.draft, c.spec, draft_head=engine.draft_head,
+                           vocab_map=engine.vocab_map)
+            for c in configs if c.spec is not None}
+
+
 def run_bench(engine, prompts: list[str], *, max_tokens: int, sampling: SamplingParams,
               raw: bool, ks: list[int], repeats: int = 1, peers: bool = True,
               constraint=None, log=print) -> dict:
@@ -134,13 +144,10 @@ def run_bench(engine, prompts: list[str], *, max_tokens: int, sampling: Sampling
     sampling = sampling.replace(seed=None)
     from ..backend.peer import LlamaCppPythonPeer
     from ..drafting import Costs, calibrate
-    from ..engine import Engine
 
     configs = make_configs(ks, engine.draft is not None, peers, constraint is not None,
                            seeded=not sampling.greedy)
-    engines = {c.name: Engine(engine.target, engine.draft, c.spec,
-                              draft_head=engine.draft_head, vocab_map=engine.vocab_map)
-               for c in configs if c.spec is not None}
+    engines = config_engines(engine, configs)
     peer_objs = {}
     try:
         for c in configs:

@@ -1,0 +1,206 @@
+"""``edgespec bench --prompts tasks``: the time a whole answer takes, per kind of request.
+
+Tokens per second of decoding flatter speculation on requests whose prompt is most of the
+work (a long passage to read, an article to summarise): a draft model has its prompt to read
+too. This measures what a user waits for: the wall time of the whole answer, the prompt's
+evaluation included, for the six tasks of :mod:`.tasks`, every generation from cold caches:
+:func:`~.long_prompts.cold` on every Engine (no prompt cache, nothing of an earlier generation
+in either model's KV cache or the draft head), and a suffix index of its own, new and empty
+(an ``index_key`` no other generation has: no n-gram drafts from earlier answers,
+:mod:`edgespec.drafting.suffix`).
+
+Configurations (:func:`~.runner.make_configs`, one Engine each on the shared models,
+:func:`~.runner.config_engines`): ``plain``; the draft length pinned to each ``--ks``;
+``adaptive`` (the draft model, the cost model choosing K), ``ngram`` and ``hybrid`` (the
+Engine's default drafter, marked ``*``). Each prompt is decoded by every configuration back
+to back, the order rotating from prompt to prompt, as :func:`~.runner.run_bench` does. Per task:
+the plain time, each configuration's speedup (plain time / its time, of the sums), the
+*oracle* (the best pinned K for that task, as if one had known it) and the default's speedup
+over the oracle's; then the geometric mean over tasks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from ..config import SamplingParams, SpecConfig
+from ..errors import EdgespecError
+from ..request import GenerationRequest
+from .long_prompts import cold
+from .runner import Config, config_engines, make_configs
+from .tasks import TASKS, as_raw, task_prompts
+
+
+@dataclass
+class Cell:
+    """One configuration's summed runs on one task."""
+
+    runs: int = 0
+    seconds: float = 0.0
+    tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+    def add(self, stats, wall: float) -> None:
+        self.runs += 1
+        self.seconds += wall
+        self.tokens += stats.completion_tokens
+        self.drafted += stats.drafted
+        self.accepted += stats.accepted
+
+
+def geomean(xs: list[float]) -> Optional[float]:
+    xs = [x for x in xs if x is not None]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs and min(xs) > 0 else None
+
+
+def task_configs(ks: list[int]) -> tuple[list[Config], str]:
+    """The configurations compared, and the name of the Engine's default among them."""
+    configs = make_configs(ks, has_draft=True, peers=False)
+    default = next((c for c in configs if c.spec == SpecConfig()), None)
+    if default is None:             # a default no configuration above is: measured too
+        default = Config("default", SpecConfig())
+        configs.append(default)
+    return configs, default.name
+
+
+def run_task_bench(engine, *, tasks: tuple = TASKS, max_tokens: int,
+                   sampling: SamplingParams, raw: bool, ks: list[int], repeats: int = 1,
+                   log=print) -> dict:
+    """Every prompt of ``tasks`` decoded by every configuration, ``repeats`` times, each
+    generation timed whole from cold caches; the per-task table (:func:`summarise`)."""
+    if engine.draft is None:
+        raise EdgespecError("--prompts tasks compares drafters, the draft model's among them: "
+                            "load a draft model (--draft, or a --pair), with a drafter that "
+                            "uses it")
+    if not sampling.greedy and sampling.seed is None:
+        sampling = sampling.replace(seed=1234)      # every configuration, the same answer
+    configs, default = task_configs(ks)
+    all_prompts = task_prompts()
+    items = [(task, as_raw(p) if raw else p) for task in tasks for p in all_prompts[task]]
+    sizes = [len(engine.prompt_tokens(p, raw=raw)) for _, p in items]
+    if max(sizes) + max_tokens > engine.n_ctx:
+        need = max(sizes) + max_tokens
+        raise EdgespecError(f"--prompts tasks needs a context of {need} tokens (its longest "
+                            f"prompt, {max(sizes)}, and {max_tokens} new ones); this one holds "
+                            f"{engine.n_ctx}: load with --ctx-size {-(-need // 1024) * 1024}",
+                            options=("n_ctx",))
+    engines = config_engines(engine, configs)
+    every = [engine, *engines.values()]
+
+    runs = itertools.count()
+
+    def generate(c: Config, prompt, n: int, s: SamplingParams):
+        for e in every:
+            cold(e)
+        # A suffix index of its own, new and empty: no drafts from earlier generations' tokens
+        # (the other caches are emptied by cold()).
+        req = GenerationRequest(prompt, max_tokens=n, sampling=s, raw=raw,
+                                speculative=c.spec is not None,
+                                index_key=f"edgespec-bench-cold-{next(runs)}")
+        t0 = time.perf_counter()
+        stream = engines.get(c.name, engine).submit(req)
+        for _ in stream:
+            pass
+        return stream.result, time.perf_counter() - t0
+    # Warm-up, not measured: each drafter built (it may calibrate), the weights paged in.
+    for c in configs:
+        generate(c, "The history of the Roman Empire", 4, sampling)
+    cells = {t: {c.name: Cell() for c in configs} for t in tasks}
+    warm = 0          # generations that found part of their prompt cached (expected: none)
+    try:
+        for r in range(repeats):
+            for j, ((task, prompt), size) in enumerate(zip(items, sizes)):
+                s = sampling if sampling.greedy else sampling.replace(seed=sampling.seed + j)
+                shift = (j + r) % len(configs)
+                walls = {}
+                for c in configs[shift:] + configs[:shift]:
+                    out, walls[c.name] = generate(c, prompt, max_tokens, s)
+                    warm += out.stats.prompt_tokens_evaluated < size
+                    cells[task][c.name].add(out.stats, walls[c.name])
+                log(f"  {task} ({size}-token prompt)"
+                    + (f", repeat {r + 1}" if repeats > 1 else "") + ": plain "
+                    f"{walls['plain']:.2f} s; " + ", ".join(
+                        f"{c.name} {walls['plain'] / walls[c.name]:.2f}x" for c in configs[1:]))
+    finally:
+        for e in every:
+            cold(e)
+    res = summarise(cells, configs, default)
+    res.update(max_tokens=max_tokens, repeats=repeats, temperature=sampling.temperature,
+               prompt_tokens={t: [n for (task, _), n in zip(items, sizes) if task == t]
+                              for t in tasks},
+               cold=warm == 0, warm_runs=warm)
+    return res
+
+
+def _row(cells: dict, configs: list[Config], default: str, pinned: list[str]) -> dict:
+    plain = cells["plain"]
+    speedups = {c.name: plain.seconds / cells[c.name].seconds if cells[c.name].seconds
+                else 0.0 for c in configs[1:]}
+    best = max(pinned, key=lambda n: speedups[n]) if pinned else None
+    oracle = speedups[best] if best else None
+    d = cells[default]
+    return {"prompts": plain.runs, "plain_seconds": plain.seconds / max(plain.runs, 1),
+            "seconds": {c.name: cells[c.name].seconds / max(cells[c.name].runs, 1)
+                        for c in configs},
+            "speedups": speedups, "oracle": {"config": best, "speedup": oracle},
+            "default_over_oracle": speedups[default] / oracle if oracle else None,
+            "default_acceptance": d.accepted / d.drafted if d.drafted else None,
+            "completion_tokens": {c.name: cells[c.name].tokens for c in configs}}
+
+
+def summarise(cells: dict, configs: list[Config], default: str) -> dict:
+    """Per task: the plain time (mean seconds a prompt), each configuration's speedup, the
+    oracle (the best pinned K), the default over the oracle, the default's acceptance; and
+    the geometric means over tasks (the default's acceptance: over all its drafts)."""
+    pinned = [c.name for c in configs if c.k is not None]
+    rows = {t: _row(row, configs, default, pinned) for t, row in cells.items()}
+    drafted = sum(row[default].drafted for row in cells.values())
+    accepted = sum(row[default].accepted for row in cells.values())
+    overall = {
+        "prompts": sum(r["prompts"] for r in rows.values()),
+        "plain_seconds": geomean([r["plain_seconds"] for r in rows.values()]),
+        "speedups": {c.name: geomean([r["speedups"][c.name] for r in rows.values()])
+                     for c in configs[1:]},
+        "oracle": {"config": "per task" if pinned else None,
+                   "speedup": geomean([r["oracle"]["speedup"] for r in rows.values()])},
+        "default_over_oracle": geomean([r["default_over_oracle"] for r in rows.values()]),
+        "default_acceptance": accepted / drafted if drafted else None}
+    return {"tasks": rows, "geomean": overall, "configs": [c.name for c in configs],
+            "default": default, "pinned": pinned}
+
+
+def format_task_report(res: dict) -> str:
+    """One row per task and a geometric-mean row: plain seconds, speedups, oracle,
+    default/oracle, the default's acceptance."""
+    names = res["configs"][1:]
+    shown = [n + ("*" if n == res["default"] else "") for n in names]
+    widths = [max(len(n) + 1, 6) for n in shown]
+
+    def x(v: Optional[float]) -> str:
+        return "-" if v is None else f"{v:.2f}"
+    lines = [f"{'task':14}{'plain s':>8}" + "".join(f"{n:>{w}}" for n, w in zip(shown, widths))
+             + f"  {'oracle':13}{'dflt/orc':>9}{'accept':>7}"]
+    for name, r in [*res["tasks"].items(), ("geomean", res["geomean"])]:
+        o = r["oracle"]
+        oracle = f"{o['config']} {x(o['speedup'])}" if o["config"] else "-"
+        a = r["default_acceptance"]
+        accept = "-" if a is None else f"{a:.0%}"
+        lines.append(f"{name:14}{x(r['plain_seconds']):>8}"
+                     + "".join(f"{x(r['speedups'][n]):>{w}}" for n, w in zip(names, widths))
+                     + f"  {oracle:13}{x(r['default_over_oracle']):>9}{accept:>7}")
+    cold_note = ("every generation from cold caches" if res["cold"] else
+                 f"{res['warm_runs']} generation(s) found part of the prompt cached")
+    lines += [
+        "plain s: a whole answer's wall time (prompt and decoding), mean per prompt; the "
+        "others: speedup, plain time / its time; oracle: the best pinned K for the task; "
+        f"dflt/orc: the default's ({res['default']}*) speedup over the oracle's; accept: the "
+        "default's acceptance (-: it drafted nothing)",
+        f"{res['geomean']['prompts']} answers per configuration, up to {res['max_tokens']} "
+        f"new tokens, temperature {res['temperature']}, {cold_note}",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,144 @@
+"""`edgespec bench --prompts tasks`: the prompt set's shape (six tasks, conversations that
+alternate, long passages that are really long in SmolLM2's tokens and still fit a 4096-token
+context with a 64-token answer), its options refused before any model loads, and a small real
+run on the SmolLM2 pair in a real process (what it measures is reported, never asserted: the
+test checks that every task has its row, that the speedups, the oracle and default/oracle agree
+with each other, and that every generation started from cold caches)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from edgespec.bench.task_bench import Cell, format_task_report, summarise, task_configs
+from edgespec.bench.tasks import TASKS, as_raw, document, task_prompts
+
+EDGESPEC = [sys.executable, "-m", "edgespec"]
+
+
+def test_six_tasks_of_three_or_four_prompts_each():
+    prompts = task_prompts()
+    assert tuple(prompts) == TASKS == ("chat", "translation", "summarisation", "qa", "math",
+                                       "long_passage")
+    assert all(3 <= len(ps) <= 4 for ps in prompts.values())
+    flat = [json.dumps(p) for ps in prompts.values() for p in ps]
+    assert len(set(flat)) == len(flat)                      # no prompt twice
+    for task, ps in prompts.items():
+        for p in ps:
+            if task == "chat":       # earlier exchanges, then the new user turn
+                roles = [m["role"] for m in p]
+                assert len(roles) >= 7 and len(roles) % 2 == 1
+                assert roles == ["user", "assistant"] * (len(roles) // 2) + ["user"]
+                assert all(m["content"].strip() for m in p)
+                raw = as_raw(p)
+                assert raw.startswith("User: ") and raw.endswith("\n\nAssistant:")
+                assert all(m["content"] in raw for m in p)
+            else:
+                assert isinstance(p, str) and p.strip() and as_raw(p) == p
+    for i in (1, 2, 3):          # news-style articles of 400-700 words, in every summary prompt
+        article = document(f"summarisation-{i}")
+        assert 400 <= len(article.split()) <= 700
+        assert article in prompts["summarisation"][i - 1]
+        assert document(f"long_passage-{i}") in prompts["long_passage"][i - 1]
+
+
+def test_long_passages_are_1500_to_2500_tokens_and_fit_4096_with_the_answer(smollm2_f32_path):
+    from edgespec.backend import VocabOnly
+    with VocabOnly(smollm2_f32_path) as v:
+        def count(text: str) -> int:
+            return len(v.vocabulary.tokenize(text, add_special=True, parse_special=False))
+        for i, prompt in enumerate(task_prompts()["long_passage"], 1):
+            assert 1500 <= count(document(f"long_passage-{i}")) <= 2500
+            # the chat template adds a few dozen tokens (a system message, roles): 200 spare
+            assert count(prompt) + 200 + 64 <= 4096
+
+
+def test_the_oracle_is_the_best_pinned_configuration_per_task():
+    configs, default = task_configs([2, 4])
+    names = [c.name for c in configs]
+    assert names[0] == "plain" and {"K=2", "K=4", "adaptive", "ngram", default} <= set(names)
+    assert default == "hybrid"          # the Engine's default drafter, adaptive
+
+    def cells(seconds: dict, drafted=10, accepted=5) -> dict:
+        return {n: Cell(runs=2, seconds=seconds.get(n, 2.0), drafted=drafted,
+                        accepted=accepted) for n in names}
+    res = summarise({"qa": cells({"plain": 2.0, "K=2": 1.0, "K=4": 4.0, default: 0.5}),
+                     "math": cells({"plain": 3.0, "K=2": 6.0, "K=4": 2.0, default: 3.0},
+                                   drafted=0, accepted=0)}, configs, default)
+    qa, math_ = res["tasks"]["qa"], res["tasks"]["math"]
+    assert qa["plain_seconds"] == 1.0 and qa["speedups"]["K=2"] == 2.0
+    assert qa["oracle"] == {"config": "K=2", "speedup": 2.0}
+    assert qa["default_over_oracle"] == 2.0 and qa["default_acceptance"] == 0.5
+    assert math_["oracle"] == {"config": "K=4", "speedup": 1.5}
+    assert math_["default_over_oracle"] == pytest.approx(1 / 1.5)
+    assert math_["default_acceptance"] is None          # it drafted nothing
+    g = res["geomean"]
+    assert g["oracle"]["speedup"] == pytest.approx(math.sqrt(2.0 * 1.5))
+    assert g["default_over_oracle"] == pytest.approx(math.sqrt(2.0 / 1.5))
+    assert g["default_acceptance"] == 0.5 and g["prompts"] == 4
+    res.update(max_tokens=4, temperature=0.0, cold=True, warm_runs=0)
+    table = format_task_report(res).splitlines()
+    assert table[0].split()[:3] == ["task", "plain", "s"] and "hybrid*" in table[0]
+    assert [line.split()[0] for line in table[1:4]] == ["qa", "math", "geomean"]
+    assert "K=2 2.00" in table[1] and table[2].endswith("-")
+    assert "cold caches" in table[-1]
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--tasks", "qa"], "--tasks goes with --prompts tasks"),
+    (["--prompts", "tasks", "--tasks", "qa,poetry"], "--tasks qa,poetry is invalid"),
+    (["--prompts", "tasks", "--load", "1"], "--load does not apply to --prompts tasks"),
+])
+def test_task_options_are_refused_before_any_model_loads(tmp_path, args, fragment):
+    target = tmp_path / "no-such-model.gguf"
+    proc = subprocess.run(EDGESPEC + ["bench", *args, "--target", str(target)],
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error: ") and fragment in proc.stderr, proc.stderr
+    assert "no-such-model" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.real
+def test_a_task_run_has_every_tasks_row_from_cold_caches(smollm2_f32_path, smollm2_q4_path):
+    proc = subprocess.run(
+        EDGESPEC + ["bench", "--target", str(smollm2_f32_path), "--draft", str(smollm2_q4_path),
+                    "--prompts", "tasks", "--tasks", "qa,math", "-n", "4", "--ks", "2",
+                    "--json"],
+        capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(proc.stdout)
+    assert res["prompt_set"] == "tasks" and res["prompt_mode"] == "chat"
+    assert res["configs"] == ["plain", "K=2", "adaptive", "ngram", "hybrid"]
+    assert res["default"] == "hybrid" and res["pinned"] == ["K=2"]
+    assert res["max_tokens"] == 4 and res["cold"] and res["warm_runs"] == 0
+    assert set(res["tasks"]) == {"qa", "math"}
+    n = len(task_prompts()["qa"]) + len(task_prompts()["math"])
+    for task, row in res["tasks"].items():
+        assert row["prompts"] == len(task_prompts()[task]) == len(res["prompt_tokens"][task])
+        assert row["plain_seconds"] > 0
+        assert set(row["speedups"]) == set(res["configs"][1:])
+        assert all(s > 0 for s in row["speedups"].values())
+        for name, s in row["speedups"].items():     # plain time / its time
+            assert s == pytest.approx(row["plain_seconds"] / row["seconds"][name])
+        assert row["oracle"] == {"config": "K=2", "speedup": row["speedups"]["K=2"]}
+        assert row["default_over_oracle"] == pytest.approx(
+            row["speedups"]["hybrid"] / row["speedups"]["K=2"])
+        a = row["default_acceptance"]
+        assert a is None or 0 <= a <= 1
+        # greedy and lossless: every configuration gave the same answers
+        assert len(set(row["completion_tokens"].values())) == 1
+        assert 0 < row["completion_tokens"]["plain"] <= 4 * row["prompts"]
+    g = res["geomean"]
+    assert g["prompts"] == n
+    for name in res["configs"][1:]:
+        assert g["speedups"][name] == pytest.approx(
+            math.sqrt(res["tasks"]["qa"]["speedups"][name]
+                      * res["tasks"]["math"]["speedups"][name]))
+    assert g["default_over_oracle"] == pytest.approx(
+        g["speedups"]["hybrid"] / g["oracle"]["speedup"])
+    table = format_task_report(res).splitlines()
+    assert [line.split()[0] for line in table[1:4]] == ["qa", "math", "geomean"]
