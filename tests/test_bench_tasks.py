@@ -57,7 +57,7 @@ def test_long_passages_are_1500_to_2500_tokens_and_fit_4096_with_the_answer(smol
             assert count(prompt) + 200 + 64 <= 4096
 
 
-def test_the_oracle_is_the_best_pinned_configuration_per_task():
+def test_the_oracle_is_the_best_other_configuration_per_task():
     configs, default = task_configs([2, 4])
     names = [c.name for c in configs]
     assert names[0] == "plain" and {"K=2", "K=4", "adaptive", "ngram", default} <= set(names)
@@ -113,7 +113,7 @@ def test_a_task_run_has_every_tasks_row_from_cold_caches(smollm2_f32_path, smoll
     res = json.loads(proc.stdout)
     assert res["prompt_set"] == "tasks" and res["prompt_mode"] == "chat"
     assert res["configs"] == ["plain", "K=2", "adaptive", "ngram", "hybrid"]
-    assert res["default"] == "hybrid" and res["pinned"] == ["K=2"]
+    assert res["default"] == "hybrid" and res["pinned"] == ["K=2", "adaptive", "ngram"]
     assert res["max_tokens"] == 4 and res["cold"] and res["warm_runs"] == 0
     assert set(res["tasks"]) == {"qa", "math"}
     n = len(task_prompts()["qa"]) + len(task_prompts()["math"])
@@ -124,9 +124,10 @@ def test_a_task_run_has_every_tasks_row_from_cold_caches(smollm2_f32_path, smoll
         assert all(s > 0 for s in row["speedups"].values())
         for name, s in row["speedups"].items():     # plain time / its time
             assert s == pytest.approx(row["plain_seconds"] / row["seconds"][name])
-        assert row["oracle"] == {"config": "K=2", "speedup": row["speedups"]["K=2"]}
+        best = max(res["pinned"], key=lambda name: row["speedups"][name])
+        assert row["oracle"] == {"config": best, "speedup": row["speedups"][best]}
         assert row["default_over_oracle"] == pytest.approx(
-            row["speedups"]["hybrid"] / row["speedups"]["K=2"])
+            row["speedups"]["hybrid"] / row["speedups"][best])
         a = row["default_acceptance"]
         assert a is None or 0 <= a <= 1
         # greedy and lossless: every configuration gave the same answers

@@ -15,8 +15,9 @@ Configurations (:func:`~.runner.make_configs`, one Engine each on the shared mod
 Engine's default drafter, marked ``*``). Each prompt is decoded by every configuration back
 to back, the order rotating from prompt to prompt, as :func:`~.runner.run_bench` does. Per task:
 the plain time, each configuration's speedup (plain time / its time, of the sums), the
-*oracle* (the best pinned K for that task, as if one had known it) and the default's speedup
-over the oracle's; then the geometric mean over tasks.
+*oracle* (the best of the other configurations for that task — a drafter or a draft length
+chosen as if one had known it) and the default's speedup over the oracle's; then the
+geometric mean over tasks.
 """
 
 from __future__ import annotations
@@ -155,9 +156,10 @@ def _row(cells: dict, configs: list[Config], default: str, pinned: list[str]) ->
 
 def summarise(cells: dict, configs: list[Config], default: str) -> dict:
     """Per task: the plain time (mean seconds a prompt), each configuration's speedup, the
-    oracle (the best pinned K), the default over the oracle, the default's acceptance; and
-    the geometric means over tasks (the default's acceptance: over all its drafts)."""
-    pinned = [c.name for c in configs if c.k is not None]
+    oracle (the best configuration but plain and the default), the default over the oracle,
+    the default's acceptance; and the geometric means over tasks (the default's acceptance:
+    over all its drafts)."""
+    pinned = [c.name for c in configs[1:] if c.name != default]
     rows = {t: _row(row, configs, default, pinned) for t, row in cells.items()}
     drafted = sum(row[default].drafted for row in cells.values())
     accepted = sum(row[default].accepted for row in cells.values())
@@ -197,7 +199,8 @@ def format_task_report(res: dict) -> str:
                  f"{res['warm_runs']} generation(s) found part of the prompt cached")
     lines += [
         "plain s: a whole answer's wall time (prompt and decoding), mean per prompt; the "
-        "others: speedup, plain time / its time; oracle: the best pinned K for the task; "
+        "others: speedup, plain time / its time; oracle: the best other configuration for the "
+        "task; "
         f"dflt/orc: the default's ({res['default']}*) speedup over the oracle's; accept: the "
         "default's acceptance (-: it drafted nothing)",
         f"{res['geomean']['prompts']} answers per configuration, up to {res['max_tokens']} "
