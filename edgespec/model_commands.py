@@ -174,7 +174,15 @@ def cmd_pair_derive(args) -> int:
     from .registry.downloads import human_size
     from .registry.pairs import derive_draft
     target = Path(args.target)
-    draft = derive_draft(target, args.quant, args.out, force=args.force, log=_status)
+    if args.quant.lower() == "auto":
+        from .registry.draft_choice import derive_best
+        draft, ranked = derive_best(target, Path(args.out) if args.out else None,
+                                    force=args.force, log=_status)
+        best = ranked[0]
+        _status(f"chosen: {best.quant} (expected {best.speedup:.2f}x plain at K={best.k}; "
+                + ", ".join(f"{c.quant} {c.speedup:.2f}x" for c in ranked[1:]) + ")")
+    else:
+        draft = derive_draft(target, args.quant, args.out, force=args.force, log=_status)
     ratio = draft.stat().st_size / target.stat().st_size
     print(f"draft: {draft}")
     _status(f"pair check passed: {draft.name} ({human_size(draft.stat().st_size)}, "
@@ -225,8 +233,11 @@ def build_models_parsers(sub) -> None:
         "shares the target's tokenizer and agrees with it on most tokens; it pays most with an "
         "F16/F32 target, whose verification passes are memory-bound.")
     d.add_argument("target", metavar="TARGET.gguf")
-    d.add_argument("--quant", default="Q4_K_M", metavar="TYPE",
-                   help="draft precision: Q4_K_M (default), Q4_0, Q3_K_M, Q2_K, Q8_0, …")
+    d.add_argument("--quant", default="auto", metavar="TYPE",
+                   help="draft precision: auto (the default: Q8_0, Q4_K_M and Q4_0 are each "
+                        "derived and measured against the target on this machine, the one "
+                        "expected to be fastest is kept), or one of Q4_K_M, Q4_0, Q3_K_M, "
+                        "Q2_K, Q8_0, …")
     d.add_argument("--out", "-o", metavar="PATH",
                    help="where to write the draft (default: the edgespec models folder)")
     d.add_argument("--force", action="store_true", help="overwrite an existing draft")

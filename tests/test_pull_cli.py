@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -218,6 +219,35 @@ def test_pair_derive_builds_a_checked_self_speculative_draft(tmp_path, smollm2_q
     assert_user_error(edgespec(env, "pair", "derive", smollm2_q4_path, "--quant", "Q9"),
                       "unknown quantisation 'Q9'", "Q4_K_M")
     assert_user_error(edgespec(env, "pair", "derive", tmp_path / "none.gguf"), "no such file")
+
+
+def test_pair_derive_chooses_the_draft_precision_by_measurement(tmp_path, smollm2_f32_path):
+    """Without --quant, Q8_0, Q4_K_M and Q4_0 are derived and measured against the target:
+    the one expected to be fastest is kept, the others deleted."""
+    models = tmp_path / "models"
+    env = {**os.environ, "EDGESPEC_MODELS": str(models)}
+    proc = edgespec(env, "pair", "derive", smollm2_f32_path)
+    assert proc.returncode == 0, proc.stderr
+    expected = {q: float(re.search(rf"^{q}: agrees on [0-9.]+% .* expected ([0-9.]+)x",
+                                   proc.stderr, re.M).group(1))
+                for q in ("Q8_0", "Q4_K_M", "Q4_0")}
+    chosen = re.search(r"^chosen: (\S+) ", proc.stderr, re.M).group(1)
+    assert expected[chosen] == max(expected.values())
+    draft = models / f"SmolLM2-135M-Instruct.F32.draft-{chosen}.gguf"
+    assert proc.stdout.strip() == f"draft: {draft}"
+    assert [p.name for p in models.iterdir()] == [draft.name]     # the others deleted
+
+
+def test_expected_speedup_rewards_agreement_and_cheap_steps():
+    from edgespec.registry.draft_choice import expected_speedup
+
+    def rows(n):
+        return 1 + 0.05 * (n - 1)
+    assert expected_speedup(0.0, 0.1, rows) == (1.0, 0)
+    x, k = expected_speedup(0.9, 0.3, rows)
+    assert k >= 1 and x >= (1 + 0.9) / (0.3 + rows(2))          # at least K = 1's
+    assert x < expected_speedup(0.95, 0.3, rows)[0]
+    assert x < expected_speedup(0.9, 0.1, rows)[0]
 
 
 def test_rm_removes_a_derived_draft_from_the_models_folder(tmp_path, smollm2_q4_path):

@@ -1,0 +1,159 @@
+"""Which precision makes the best self-speculative draft of a target on this machine: measured,
+not chosen by name (``edgespec pair derive --quant auto``, the default).
+
+A lower precision is not always a cheaper draft step: on a CPU the kernels differ by type
+(llama.cpp repacks Q4_0 for its fast matrix kernels, not Q4_1; F32 goes through its own
+GEMM), a small model's step is dominated by per-layer overhead rather than by reading its
+weights, and requantising weights that were already quantised loses agreement (SmolLM2's
+F32, the Q4_1 weights upcast: a Q8_0 draft agrees with it on 95.6% of greedy tokens, a Q4_0
+one on 57%). So each candidate is derived, and measured against the target on one text:
+
+- its *agreement*: the share of positions where its greedy token is the target's, the text
+  read by both in one pass each (what greedy drafting of that text would accept per token);
+- its *step*: the median seconds of a one-token pass, as a share ``c`` of the target's;
+- the target's pass of K + 1 rows, as a share of one row's.
+
+The expected speed-up of the best K, max_K E(K) / (K c + T(K + 1) / T(1)) with E(K) = (1 −
+a^(K+1)) / (1 − a), ranks them; the best is kept and the others deleted.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+
+CANDIDATES = ("Q8_0", "Q4_K_M", "Q4_0")
+TEXT_TOKENS = 192           # the text both models read
+STEPS = 12                  # one-token passes timed per model
+K_MAX = 16
+
+
+@dataclass
+class Candidate:
+    quant: str
+    path: Path
+    agreement: float = 0.0
+    step_share: float = 1.0     # its one-token step as a share of the target's
+    speedup: float = 0.0        # expected, at its best K
+    k: int = 0
+
+
+def expected_speedup(agreement: float, step_share: float, rows: Callable[[int], float]
+                     ) -> tuple[float, int]:
+    """The best K's expected speed-up over plain decoding, and that K (``rows(n)``: a target
+    pass of n rows as a share of one row's)."""
+    a = min(agreement, 0.999)
+    best = (1.0, 0)
+    for k in range(1, K_MAX + 1):
+        tokens = (1 - a ** (k + 1)) / (1 - a)
+        x = tokens / (k * step_share + rows(k + 1))
+        if x > best[0]:
+            best = (x, k)
+    return best
+
+
+def _text() -> str:
+    """Plain English prose every Python has (its documentation), offline."""
+    try:
+        from pydoc_data.topics import topics
+        return " ".join(topics[k] for k in sorted(topics)[:6])
+    except ImportError:             # (a stripped Python) a text of our own
+        return " ".join(["The cache keeps the tokens of each request so that the next one that "
+                         "shares its beginning starts from there instead of from nothing."] * 30)
+
+
+def _step_seconds(model, tokens: list[int]) -> float:
+    times = []
+    for i in range(STEPS):
+        t0 = time.perf_counter()
+        model.eval([tokens[i % len(tokens)]], 1)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure(target_path: Path, candidates: list[Candidate], n_threads: Optional[int] = None,
+            log: Callable[[str], None] = lambda s: None) -> list[Candidate]:
+    """Each candidate's agreement, step share and expected speed-up against the target, best
+    first."""
+    from ..backend import LlamaModel
+    from ..config import ModelConfig, default_threads
+    threads = n_threads or default_threads()
+
+    def load(path: Path, outputs: int):
+        return LlamaModel(ModelConfig(path, n_ctx=TEXT_TOKENS + STEPS + 32,
+                                      n_outputs_max=outputs, n_threads=threads))
+    target = load(target_path, TEXT_TOKENS)
+    try:
+        tokens = target.tokenize(_text().encode(), add_special=True,
+                                 parse_special=False)[:TEXT_TOKENS]
+        truth = target.eval(tokens, len(tokens)).argmax(axis=1)
+        step = _step_seconds(target, tokens)
+        passes = {}
+        for n in (1, 4, 8):
+            target.truncate(len(tokens))
+            times = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                target.eval(tokens[:n], n)
+                times.append(time.perf_counter() - t0)
+                target.truncate(len(tokens))
+            passes[n] = statistics.median(times)
+    finally:
+        target.close()
+    keys = sorted(passes)
+    shares = [passes[n] / passes[1] for n in keys]
+
+    def rows(n: int) -> float:      # linear between the measured sizes and beyond the last
+        if n <= keys[-1]:
+            return float(np.interp(n, keys, shares))
+        slope = (shares[-1] - shares[-2]) / (keys[-1] - keys[-2])
+        return shares[-1] + slope * (n - keys[-1])
+
+    for c in candidates:
+        draft = load(c.path, TEXT_TOKENS)
+        try:
+            guess = draft.eval(tokens, len(tokens)).argmax(axis=1)
+            c.agreement = float(np.mean(guess[:-1] == truth[:-1]))
+            c.step_share = _step_seconds(draft, tokens) / step
+        finally:
+            draft.close()
+        c.speedup, c.k = expected_speedup(c.agreement, c.step_share, rows)
+        log(f"{c.quant}: agrees on {c.agreement:.1%} of greedy tokens, a step costs "
+            f"{c.step_share:.2f} of the target's: expected {c.speedup:.2f}x at K={c.k}")
+    return sorted(candidates, key=lambda c: c.speedup, reverse=True)
+
+
+def derive_best(target: Path, out: Optional[Path] = None, *, force: bool = False,
+                candidates: tuple = CANDIDATES, n_threads: Optional[int] = None,
+                log: Callable[[str], None] = lambda s: None) -> tuple[Path, list[Candidate]]:
+    """Derive each of ``candidates`` from ``target``, measure them (:func:`measure`), keep the
+    best at ``out`` (default ``<models dir>/<target stem>.draft-<QUANT>.gguf``) and delete the
+    others; (its path, every candidate best first)."""
+    from .. import paths
+    from ..errors import EdgespecError
+    from .pairs import derive_draft
+    target = Path(target)
+    folder = Path(out).parent if out else paths.models_dir()
+    made: list[Candidate] = []
+    try:
+        for q in candidates:
+            path = folder / f".{target.stem}.candidate-{q}.gguf"
+            made.append(Candidate(q, derive_draft(target, q, path, force=True, log=log)))
+        log(f"measuring {len(made)} drafts against {target.name} on this machine…")
+        ranked = measure(target, made, n_threads, log)
+        best = ranked[0]
+        dest = Path(out) if out else folder / f"{target.stem}.draft-{best.quant}.gguf"
+        if dest.exists() and not force:
+            raise EdgespecError(f"{dest} already exists: pass --force to rebuild it, or "
+                                "--out PATH")
+        best.path = best.path.replace(dest)
+        return dest, ranked
+    finally:
+        for c in made:
+            if c.path.name.startswith(".") and c.path.exists():
+                c.path.unlink()
