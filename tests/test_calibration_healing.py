@@ -134,3 +134,21 @@ def test_a_busy_calibration_heals_even_while_the_threads_are_backed_off(
         assert seen == [(eng.target.config.n_threads, eng.draft.config.n_threads)]
         assert (eng.target.n_threads, eng.draft.n_threads) == (1, 1)
         assert not costs.busy and entries(cache)
+
+
+def test_costs_that_several_streams_refined_are_not_kept(
+        cache, monkeypatch, smollm2_f32_path, smollm2_q4_path):
+    """Passes over several streams ran beside the others' Python work and over several
+    sequences: what they taught is not one stream's table, and the file is every session's."""
+    monkeypatch.setattr(costs_module, "QUIET", 1e9)
+    monkeypatch.setattr(costs_module, "STEADY", 1e9)
+    monkeypatch.setattr(costs_module, "CALIBRATION_BUDGET", 1e9)
+    with Engine.load(target=smollm2_f32_path, draft=smollm2_q4_path, n_ctx=1024, n_threads=2,
+                     parallel=2) as eng:
+        before = entries(cache)
+        costs = eng._drafting.costs
+        for i in range(EngineDrafting.SAVE_AFTER):
+            eng._drafting.observe_pass(True, 4, 0.5, 10)      # a contended batch's pass
+        assert costs.observed >= EngineDrafting.SAVE_AFTER
+    assert all(e["source"] != "refined" for e in entries(cache).values())
+    assert entries(cache) == before

@@ -211,8 +211,12 @@ class EngineDrafting:
     def save_refined(self) -> None:
         """Keep the costs as decoding refined them, so the next session starts from these;
         not those that grew from a busy calibration (a quiet re-measure replaces and keeps
-        them: :meth:`remeasure`). The caller knows whether the threads ran at their count."""
-        if self.costs is not None and not self.costs.busy \
+        them: :meth:`remeasure`). The caller knows whether the threads ran at their count.
+        Nor those that several streams refined: their passes ran beside the other streams'
+        Python work on the same cores and over several sequences (a table so refined put 4
+        rows at 84 ms where one stream's pass of 4 takes 30), and the file is every session's,
+        one stream's included."""
+        if self.costs is not None and not self.costs.busy and self.parallel == 1 \
                 and self.costs.observed >= self.SAVE_AFTER:
             CostCache(self.target, self._measured_draft(), self.head).save(self.costs,
                                                                            "refined")
