@@ -147,7 +147,7 @@ def test_costs_that_several_streams_refined_are_not_kept(
                      parallel=2) as eng:
         before = entries(cache)
         costs = eng._drafting.costs
-        for i in range(EngineDrafting.SAVE_AFTER):
+        for _ in range(EngineDrafting.SAVE_AFTER):
             eng._drafting.observe_pass(True, 4, 0.5, 10)      # a contended batch's pass
         assert costs.observed >= EngineDrafting.SAVE_AFTER
     assert all(e["source"] != "refined" for e in entries(cache).values())
