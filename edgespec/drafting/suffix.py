@@ -106,8 +106,6 @@ class SuffixIndex:
             m, limit = a, min(MAX_MATCH, p, n_ctx)
             while m < limit and doc[p - m - 1] == context[n_ctx - m - 1]:
                 m += 1
-            if p >= len(doc):
-                continue
             if m > best:
                 best, cands = m, [(doc, p)]
             elif m == best:
