@@ -82,6 +82,7 @@ def measure(target_path: Path, candidates: list[Candidate], n_threads: Optional[
     first."""
     from ..backend import LlamaModel
     from ..config import ModelConfig, default_threads
+    from ..drafting.costs import Costs
     threads = n_threads or default_threads()
 
     def load(path: Path, outputs: int):
@@ -105,14 +106,11 @@ def measure(target_path: Path, candidates: list[Candidate], n_threads: Optional[
             passes[n] = statistics.median(times)
     finally:
         target.close()
-    keys = sorted(passes)
-    shares = [passes[n] / passes[1] for n in keys]
+    # The cost model's own table: linear between the measured sizes and beyond the last.
+    table = Costs(passes, step)
 
-    def rows(n: int) -> float:      # linear between the measured sizes and beyond the last
-        if n <= keys[-1]:
-            return float(np.interp(n, keys, shares))
-        slope = (shares[-1] - shares[-2]) / (keys[-1] - keys[-2])
-        return shares[-1] + slope * (n - keys[-1])
+    def rows(n: int) -> float:
+        return float(table.bare(float(n))) / passes[1]
 
     for c in candidates:
         draft = load(c.path, TEXT_TOKENS)
@@ -139,6 +137,9 @@ def derive_best(target: Path, out: Optional[Path] = None, *, force: bool = False
     from .pairs import derive_draft
     target = Path(target)
     folder = Path(out).parent if out else paths.models_dir()
+    if out and Path(out).exists() and not force:    # refused before minutes of deriving
+        raise EdgespecError(f"{out} already exists: pass --force to rebuild it, or "
+                            "--out PATH")
     made: list[Candidate] = []
     try:
         for q in candidates:
