@@ -30,7 +30,7 @@ from .errors import EdgespecError, ModelLoadError, ModelNotFoundError
 from .gguf_file import (check_causal_lm, check_embedding_model, has_kv_cache,
                         is_embedding_model, read_gguf)
 from .registry import model_path, registry
-from .registry.pairs import is_present
+from .registry.pairs import chosen_files, is_present, pair_draft_path
 from .thinking import thinking_mode
 
 log = logging.getLogger(__name__)
@@ -222,7 +222,7 @@ def folder_files(folder: Optional[Path] = None) -> list[Path]:
 def own_files() -> list[Path]:
     """The files in the models folder that no registry entry names: drafts made by
     ``edgespec pair derive``, and anything put there by hand."""
-    known = {m.file for m in registry().models.values()}
+    known = {m.file for m in registry().models.values()} | chosen_files()
     return [p for p in folder_files() if p.name not in known]
 
 
@@ -251,7 +251,7 @@ def scan_catalog(models_dir: Optional[Path] = None, extra: Sequence[CatalogEntry
     reg = registry()
     for pair in reg.pairs.values():
         if is_present(pair.target) and is_present(pair.draft):
-            entry = _scanned(pair.name, model_path(pair.target), model_path(pair.draft),
+            entry = _scanned(pair.name, model_path(pair.target), pair_draft_path(pair.name),
                              "pair")
             if entry is not None:
                 found[pair.name] = entry

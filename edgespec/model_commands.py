@@ -44,7 +44,7 @@ def _model_row(entry) -> tuple[str, str, str]:
 
 
 def cmd_pairs(args) -> int:
-    from .registry.pairs import registry
+    from .registry.pairs import choice_record, chosen_draft, registry
     reg = registry()
     for p in reg.pairs.values():
         rows = {role: _model_row(reg.models[m]) for role, m in
@@ -56,6 +56,11 @@ def cmd_pairs(args) -> int:
         for role, m in (("target", p.target), ("draft", p.draft)):
             st, size, where = rows[role]
             print(f"    {role:6} {m:34} {size:>9}  {st:10}  {where}")
+        chosen = chosen_draft(p.name)
+        if chosen is not None:          # measured faster than the listed draft on this CPU
+            rec = choice_record(p.name) or {}
+            print(f"    {'drafts':6} {'with ' + str(rec.get('quant')) + ' (chosen here)':34} "
+                  f"{_size(chosen.stat().st_size):>9}  {'measured':10}  {chosen}")
         if args.verbose:
             print(f"    why: {p.why}")
             licences = dict.fromkeys(reg.models[m].license for m in (p.target, p.draft))
@@ -106,8 +111,14 @@ def cmd_pull(args) -> int:
         if name in reg.pairs and not args.no_check:
             target, draft, across = pairs.pull_pair(name, show_progress=show, log=_status,
                                                     require_commit=args.pinned)
+            if not args.keep_draft:
+                from .registry.draft_choice import choose_once
+                draft = choose_once(name, target, draft, log=_status)
             print(f"{models[0].name}: {target}")
-            print(f"{models[1].name}: {draft}")
+            listed = pairs.local_path(models[1].name)
+            print(f"{models[1].name}: {listed}")
+            if draft != listed:                 # a precision measured faster on this machine
+                print(f"draft: {draft}")
             check = (f"{across}" if across else
                      f"{models[1].name} shares {models[0].name}'s tokenizer")
             _status(f"pair check passed: {check}; run `edgespec chat --pair {name}`")
@@ -156,6 +167,10 @@ def cmd_rm(args) -> int:
             local.unlink()
             _status(f"{local.name}: removed, {human_size(size)} freed")
             continue
+        if name in reg.pairs:
+            freed = pairs.forget_choice(name)       # the draft chosen on this machine
+            if freed:
+                _status(f"{name}'s chosen draft: removed, {human_size(freed)} freed")
         for m in reg.models_of(name):
             freed = pairs.remove_model(m.name)
             others = [p for p in reg.pairs_using(m.name) if p != name]
@@ -179,8 +194,9 @@ def cmd_pair_derive(args) -> int:
         draft, ranked = derive_best(target, Path(args.out) if args.out else None,
                                     force=args.force, log=_status)
         best = ranked[0]
-        _status(f"chosen: {best.quant} (expected {best.speedup:.2f}x plain at K={best.k}; "
-                + ", ".join(f"{c.quant} {c.speedup:.2f}x" for c in ranked[1:]) + ")")
+        _status(f"chosen: {best.quant} (expected {best.whole:.2f}x plain a whole request, "
+                f"{best.speedup:.2f}x decoding at K={best.k}; "
+                + ", ".join(f"{c.quant} {c.whole:.2f}x" for c in ranked[1:]) + ")")
     else:
         draft = derive_draft(target, args.quant, args.out, force=args.force, log=_status)
     ratio = draft.stat().st_size / target.stat().st_size
@@ -218,6 +234,9 @@ def build_models_parsers(sub) -> None:
                    help="refuse any revision that is not a 40-hex commit id")
     p.add_argument("--no-check", action="store_true",
                    help="skip the tokenizer compatibility check after a pair")
+    p.add_argument("--keep-draft", action="store_true",
+                   help="keep a pair's listed draft: derive and measure no other precision "
+                   "of its target on this machine (done once, at the first pull, otherwise)")
     p.set_defaults(func=cmd_pull)
 
     p = sub.add_parser("rm", help="delete a pair's or model's files to free disk space")

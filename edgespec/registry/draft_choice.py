@@ -13,8 +13,16 @@ one on 57%). So each candidate is derived, and measured against the target on on
 - its *step*: the median seconds of a one-token pass, as a share ``c`` of the target's;
 - the target's pass of K + 1 rows, as a share of one row's.
 
-The expected speed-up of the best K, max_K E(K) / (K c + T(K + 1) / T(1)) with E(K) = (1 −
-a^(K+1)) / (1 − a), ranks them; the best is kept and the others deleted.
+The expected speed-up of the best K, S = max_K E(K) / (K c + T(K + 1) / T(1)) with E(K) = (1 −
+a^(K+1)) / (1 − a), is what decoding gains. A request also has a prompt, which the draft
+reads too (when it drafts from the start), and reading is not priced as a step is: llama.cpp
+has fast batched kernels for F32 and Q8_0/Q4_0, none for Q4_1, so SmolLM2's Q4_1 draft reads a
+prompt at half the speed of its Q8_0 (1.9 s against 1.0 s for 512 tokens here) at nearly the
+same step cost. So the candidates are ranked by a whole request's expected speed-up, a prompt
+as long as its answer: (r + 1) / (r + r_d + 1 / S), r and r_d the target's and the draft's
+time to read a token in units of the target's step; the best is kept and the others deleted.
+`edgespec pull` makes the same choice for a registry pair that lists ``draft_candidates``,
+with the listed draft among the candidates (:func:`choose_pair_draft`).
 """
 
 from __future__ import annotations
@@ -39,8 +47,11 @@ class Candidate:
     path: Path
     agreement: float = 0.0
     step_share: float = 1.0     # its one-token step as a share of the target's
-    speedup: float = 0.0        # expected, at its best K
+    speedup: float = 0.0        # expected while decoding, at its best K
     k: int = 0
+    read_share: float = 0.0     # reading a prompt token, in target steps
+    whole: float = 0.0          # a whole request's expected speed-up (prompt = answer)
+    listed: bool = False        # the registry's own draft (kept whatever the choice)
 
 
 def expected_speedup(agreement: float, step_share: float, rows: Callable[[int], float]
@@ -55,6 +66,13 @@ def expected_speedup(agreement: float, step_share: float, rows: Callable[[int], 
         if x > best[0]:
             best = (x, k)
     return best
+
+
+def whole_request(speedup: float, read_target: float, read_draft: float) -> float:
+    """A request's expected speed-up when its prompt is as long as its answer: reading costs
+    ``read_target`` (the target) and ``read_draft`` (the draft) target steps a token, decoding
+    a token one step plainly and 1 / ``speedup`` speculatively."""
+    return (read_target + 1.0) / (read_target + read_draft + 1.0 / max(speedup, 1e-9))
 
 
 def _text() -> str:
@@ -92,8 +110,11 @@ def measure(target_path: Path, candidates: list[Candidate], n_threads: Optional[
     try:
         tokens = target.tokenize(_text().encode(), add_special=True,
                                  parse_special=False)[:TEXT_TOKENS]
+        t0 = time.perf_counter()
         truth = target.eval(tokens, len(tokens)).argmax(axis=1)
+        read = time.perf_counter() - t0
         step = _step_seconds(target, tokens)
+        read_target = read / len(tokens) / step
         passes = {}
         for n in (1, 4, 8):
             target.truncate(len(tokens))
@@ -115,15 +136,20 @@ def measure(target_path: Path, candidates: list[Candidate], n_threads: Optional[
     for c in candidates:
         draft = load(c.path, TEXT_TOKENS)
         try:
+            t0 = time.perf_counter()
             guess = draft.eval(tokens, len(tokens)).argmax(axis=1)
+            c.read_share = (time.perf_counter() - t0) / len(tokens) / step
             c.agreement = float(np.mean(guess[:-1] == truth[:-1]))
             c.step_share = _step_seconds(draft, tokens) / step
         finally:
             draft.close()
         c.speedup, c.k = expected_speedup(c.agreement, c.step_share, rows)
+        c.whole = whole_request(c.speedup, read_target, c.read_share)
         log(f"{c.quant}: agrees on {c.agreement:.1%} of greedy tokens, a step costs "
-            f"{c.step_share:.2f} of the target's: expected {c.speedup:.2f}x at K={c.k}")
-    return sorted(candidates, key=lambda c: c.speedup, reverse=True)
+            f"{c.step_share:.2f} of the target's, reading a prompt token {c.read_share:.2f} "
+            f"(the target: {read_target:.2f}): expected {c.speedup:.2f}x decoding at K={c.k}, "
+            f"{c.whole:.2f}x a whole request")
+    return sorted(candidates, key=lambda c: c.whole, reverse=True)
 
 
 def derive_best(target: Path, out: Optional[Path] = None, *, force: bool = False,
@@ -154,6 +180,59 @@ def derive_best(target: Path, out: Optional[Path] = None, *, force: bool = False
                                 "--out PATH")
         best.path = best.path.replace(dest)
         return dest, ranked
+    finally:
+        for c in made:
+            if c.path.name.startswith(".") and c.path.exists():
+                c.path.unlink()
+
+
+def choose_once(name: str, target: Path, draft: Path,
+                log: Callable[[str], None] = lambda s: None) -> Path:
+    """Pair ``name``'s draft on this machine (``target`` and its listed ``draft`` are here):
+    measured and chosen the first time (:func:`choose_pair_draft`) when the registry lists
+    ``draft_candidates`` for it and nothing was chosen on this CPU yet."""
+    from .pairs import choice_record, chosen_draft, registry
+    if registry().pair(name).draft_candidates and choice_record(name) is None:
+        choose_pair_draft(name, target, draft, log=log)
+    return chosen_draft(name) or draft
+
+
+def choose_pair_draft(name: str, target: Path, listed: Path, *, n_threads: Optional[int] = None,
+                      log: Callable[[str], None] = lambda s: None) -> list[Candidate]:
+    """Registry pair ``name``'s draft on this machine: its ``draft_candidates`` derived from
+    ``target`` and measured beside the ``listed`` draft; the fastest is recorded as the
+    pair's draft (``resolve_pair`` hands it out from then on), the others deleted. Every
+    candidate, best first."""
+    from .. import paths
+    from .pairs import derive_draft, record_choice, registry
+    pair = registry().pair(name)
+    folder = paths.models_dir()
+    made: list[Candidate] = []
+    try:
+        log(f"choosing the draft of '{name}' for this machine: deriving "
+            f"{', '.join(pair.draft_candidates)} from {target.name} to measure beside "
+            f"{listed.name} (once; `edgespec rm {name}` forgets the choice)")
+        for q in pair.draft_candidates:
+            path = folder / f".{target.stem}.candidate-{q}.gguf"
+            made.append(Candidate(q, derive_draft(target, q, path, force=True)))
+        own = Candidate(listed.stem.rsplit(".", 1)[-1], listed, listed=True)
+        ranked = measure(target, [own, *made], n_threads, log)
+        best = ranked[0]
+        rec = {"quant": best.quant, "file": None,
+               "measured": {c.quant: {"agreement": round(c.agreement, 4),
+                                      "step_share": round(c.step_share, 3),
+                                      "read_share": round(c.read_share, 3),
+                                      "speedup": round(c.speedup, 3),
+                                      "whole": round(c.whole, 3)} for c in ranked}}
+        if not best.listed:
+            dest = folder / f"{target.stem}.{name}-draft-{best.quant}.gguf"
+            best.path = best.path.replace(dest)
+            rec["file"] = dest.name
+        record_choice(name, rec)
+        log(f"'{name}' drafts with {best.path.name} on this machine (expected "
+            f"{best.whole:.2f}x a whole request; "
+            + ", ".join(f"{c.quant} {c.whole:.2f}x" for c in ranked[1:]) + ")")
+        return ranked
     finally:
         for c in made:
             if c.path.name.startswith(".") and c.path.exists():

@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import difflib
 import functools
+import hashlib
+import json
 import os
+import platform
 import sys
 from dataclasses import dataclass, field
 from importlib import resources
@@ -80,6 +83,9 @@ class PairEntry:
     description: str = ""
     why: str = ""
     across: bool = False        # the draft is of another family: it drafts across vocabularies
+    # Precisions of the target that `edgespec pull` derives and measures against ``draft`` on
+    # this machine, keeping the fastest (registry/draft_choice.py); () keeps ``draft``.
+    draft_candidates: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -211,8 +217,15 @@ def parse_registry(text: str) -> Registry:
                 raise RegistryError(f"pair '{name}' needs a '{key}'")
         if not isinstance(p.get("across", False), bool):
             raise RegistryError(f"pair '{name}': 'across' is true or false")
+        cands = p.get("draft_candidates", [])
+        if not isinstance(cands, list) or not all(isinstance(q, str) for q in cands):
+            raise RegistryError(f"pair '{name}': 'draft_candidates' is a list of "
+                                "quantisation names")
+        if cands and p.get("across", False):
+            raise RegistryError(f"pair '{name}': a draft of another family has no "
+                                "'draft_candidates' (they are derived from the target)")
         reg.pairs[name] = PairEntry(name, p["target"], p["draft"], p["description"], p["why"],
-                                    p.get("across", False))
+                                    p.get("across", False), tuple(cands))
     for name, e in data.get("embeddings", {}).items():
         if not isinstance(e, dict) or e.get("model") not in reg.models:
             raise RegistryError(f"embedding '{name}': model '{(e or {}).get('model')}' is not a "
@@ -275,9 +288,11 @@ def local_path(name: str, *, log: Callable[[str], None] = lambda s: None) -> Opt
 
 
 def resolve_pair(name: str) -> tuple[Path, Path]:
-    """Local paths of a pair's target and draft; tells how to fetch them if missing."""
+    """Local paths of a pair's target and draft (the draft `edgespec pull` chose on this
+    machine, when it measured one faster than the listed one); tells how to fetch them if
+    missing."""
     pair = registry().pair(name)
-    paths = []
+    found = []
     for model in (pair.target, pair.draft):
         p = local_path(model)
         if p is None:
@@ -287,8 +302,91 @@ def resolve_pair(name: str) -> tuple[Path, Path]:
                      if offline and registry().model(model).kind == "hub" else "")
             raise ModelNotFoundError(f"pair '{name}' is not downloaded ({model} missing): "
                                      f"run `edgespec pull {name}`{where}")
-        paths.append(p)
-    return paths[0], paths[1]
+        found.append(p)
+    return found[0], chosen_draft(name) or found[1]
+
+
+def pair_draft_path(name: str) -> Path:
+    """Where pair ``name``'s draft is (or goes): the one chosen on this machine, else the
+    registry's."""
+    return chosen_draft(name) or model_path(registry().pair(name).draft)
+
+
+# ---------------------------------------------------------------------------------------------
+# The draft measured fastest on this machine (registry/draft_choice.py records it)
+
+CHOICES_FILE = "draft-choices.json"
+
+
+def _choices() -> dict:
+    try:
+        data = json.loads((paths.models_dir() / CHOICES_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def chosen_draft(name: str) -> Optional[Path]:
+    """The draft of pair ``name`` that `edgespec pull` measured fastest on this CPU, when it
+    is not the listed one and its file is here; else None. A choice made on another CPU (a
+    models folder carried over) does not count: its kernels are not this one's."""
+    pair = registry().pair(name)
+    rec = _choices().get(name)
+    if not pair.draft_candidates or not isinstance(rec, dict) or not rec.get("file") \
+            or rec.get("listed") != pair.draft or rec.get("machine") != machine_id():
+        return None
+    p = paths.models_dir() / Path(str(rec["file"])).name
+    return p if p.is_file() else None
+
+
+def choice_record(name: str) -> Optional[dict]:
+    """What `edgespec pull` measured for pair ``name`` on this CPU (None: nothing yet)."""
+    rec = _choices().get(name)
+    pair = registry().pair(name)
+    ok = isinstance(rec, dict) and rec.get("listed") == pair.draft \
+        and rec.get("machine") == machine_id() \
+        and (not rec.get("file") or (paths.models_dir() / Path(str(rec["file"])).name).is_file())
+    return rec if ok else None
+
+
+def chosen_files() -> set[str]:
+    """The file names of every pair's chosen draft (the registry's, not the user's own)."""
+    return {Path(str(r["file"])).name for r in _choices().values()
+            if isinstance(r, dict) and r.get("file")}
+
+
+def record_choice(name: str, rec: Optional[dict]) -> None:
+    """Write (or, with None, forget) pair ``name``'s choice; atomically."""
+    data = _choices()
+    if rec is None:
+        if data.pop(name, None) is None:
+            return
+    else:
+        data[name] = {**rec, "machine": machine_id(), "listed": registry().pair(name).draft}
+    folder = paths.models_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{CHOICES_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    tmp.replace(folder / CHOICES_FILE)
+
+
+def machine_id() -> str:
+    """This CPU: its model name and feature flags (what decides which kernels run)."""
+    model, flags = platform.machine(), ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                k = k.strip()
+                if k == "model name" and model == platform.machine():
+                    model = v.strip()
+                elif k in ("flags", "Features") and not flags:
+                    flags = v.strip()
+                if flags and model != platform.machine():
+                    break
+    except OSError:
+        pass
+    return hashlib.sha256(f"{model}\n{flags}\n{os.cpu_count()}".encode()).hexdigest()[:16]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -340,12 +438,15 @@ def pull_pair(name: str, **kwargs) -> tuple[Path, Path, Optional[str]]:
     when the draft shares the target's tokenizer, else (…, what the map between their
     vocabularies says: the share of the draft's tokens that are the target's).
 
+    The draft returned is the one chosen on this machine when there is one
+    (:func:`.draft_choice.choose_once`).
+
     Raises :class:`~edgespec.errors.IncompatiblePairError` naming the difference.
     """
     target, draft = ensure_pair(name, **kwargs)
     from ..backend import check_pair_files
     vmap = check_pair_files(target, draft)
-    return target, draft, vmap.describe() if vmap is not None else None
+    return target, chosen_draft(name) or draft, vmap.describe() if vmap is not None else None
 
 
 def remove_model(name: str) -> int:
@@ -360,6 +461,20 @@ def remove_model(name: str) -> int:
     size = p.stat().st_size
     p.unlink()
     return size
+
+
+def forget_choice(name: str) -> int:
+    """Delete pair ``name``'s chosen draft (a file derived for it) and its record; the bytes
+    freed."""
+    chosen, freed = chosen_draft(name), 0
+    rec = _choices().get(name)
+    if chosen is None and isinstance(rec, dict) and rec.get("file"):
+        chosen = paths.models_dir() / Path(str(rec["file"])).name     # made on another CPU
+    if chosen is not None and chosen.is_file():
+        freed = chosen.stat().st_size
+        chosen.unlink()
+    record_choice(name, None)
+    return freed
 
 
 def derive_draft(target: str | os.PathLike, quant: str, out: Optional[str | os.PathLike] = None,

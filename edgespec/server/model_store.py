@@ -69,6 +69,8 @@ def fetch(target: Target, progress: ProgressSink) -> Optional[CatalogEntry]:
     the catalog entry it is served as (None when it is not a GGUF model: it stays in the
     cache, unserved); None for registry names, which the catalogue lists itself."""
     if target.kind == "pair":
+        # Not the draft's measured choice (registry/draft_choice.py): timings taken beside the
+        # server's own generations would measure its load; `edgespec pull` makes it.
         pull_pair(target.name, progress=progress)
         return None
     if target.kind == "model":
