@@ -442,6 +442,25 @@ def test_the_typical_answer_bounds_what_catching_up_is_repaid_over():
     assert model.reading.tokens_ahead(1600) == 100  # the budget bounds it
 
 
+def test_a_pinned_length_catches_up_whatever_the_typical_answer():
+    """The typical answer's length is the cost model's guess: a pinned length, which has
+    none, reads a long prompt even after short answers (a few stopped early made the typical
+    one 3 tokens long, where 300 tokens of prompt are 4.7 chunks): at once, not once the
+    answer has outgrown the typical one."""
+    model = sevens(FixedLength(4), n_vocab=400)
+    model.reading.answer_tokens = 3.0
+    steps, stats, _ = _sevens_loop(None, prompt_len=300, max_new=40, drafter=model)
+    # From the second round on, a chunk a round until within a chunk: none waits for the
+    # answer to grow longer than the typical one.
+    assert stats.plain_passes == -(-(300 - Reading.CATCH_UP_CHUNK) // Reading.CATCH_UP_CHUNK)
+    assert stats.caught_up >= 300 - Reading.CATCH_UP_CHUNK and stats.drafted > 0
+    assert [s.token for s in steps] == [7] * 40
+    # Nothing is read when the generation can make no more than the token the round gives.
+    model = sevens(FixedLength(4), n_vocab=400)
+    steps, stats, _ = _sevens_loop(None, prompt_len=300, max_new=2, drafter=model)
+    assert stats.caught_up == 0 and [s.token for s in steps] == [7] * 2
+
+
 def test_the_hybrid_drafts_ngrams_while_the_model_catches_up():
     """The target continues the prompt's own pattern (it repeats every 250 tokens), so the
     n-gram finds matches from the first verify round on (the first token is the prompt

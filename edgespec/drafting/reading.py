@@ -195,10 +195,16 @@ class Reading:
         """Whether bringing the cache up to the context is repaid by drafting for the rest of
         the answer (the tokens decoded plainly while catching up not counted). The first time
         in a generation, a window of a long prompt may be chosen (:meth:`_choose_window`).
-        Unmeasured, one chunk is the measurement, when drafting pays at all."""
+        Unmeasured, one chunk is the measurement, when drafting pays at all. A pinned length
+        always catches up (:class:`~.policy.FixedLength`)."""
         if not self._chosen:
             self._chosen = True
             self._choose_window(context)
+        if self.policy.expected_round(1) is None:
+            # A pinned length has no cost model: it catches up whatever the typical answer's
+            # length (a learned guess that a few short answers, stopped early, would lower
+            # until a long prompt were never read), while the generation may still make some.
+            return self._limit - len(context) > 1
         lag = self._lag(context)
         ahead = self.tokens_ahead(len(context)) - lag / self.CATCH_UP_CHUNK
         if ahead <= 1:
