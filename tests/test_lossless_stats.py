@@ -216,8 +216,8 @@ def make_drafter(kind: str, draft: MarkovLM, K):
         # Drafts from the earlier runs' samples too (drafting/suffix.py: run_loop feeds it):
         # the proposals now depend on what earlier runs drew, the output must not.
         index = _CountingIndex()
-        ngram = NgramDrafter(make_policy(K, free=kind != "suffix"), ngram_min=2, ngram_max=3,
-                             index=lambda: index)
+        ngram = _CountingNgram(make_policy(K, free=kind != "suffix"), ngram_min=2, ngram_max=3,
+                               index=lambda: index)
         ngram.suffix = index
         if kind == "suffix":
             return ngram
@@ -241,6 +241,17 @@ class _CountingIndex(SuffixIndex):
     def lookup(self, context, k):
         out = super().lookup(context, k)
         self.found += bool(out[0])
+        return out
+
+
+class _CountingNgram(NgramDrafter):
+    """Counts the rounds whose long match drafted past the policy's plan."""
+
+    long_rounds = 0
+
+    def draft(self, *args, **kwargs):
+        out = super().draft(*args, **kwargs)
+        self.long_rounds += self.long_match
         return out
 
 
@@ -372,6 +383,9 @@ def test_multi_position_other_drafters_match_plain_sampling(kind, K, verifier):
         assert run_loop.drafter.model.extended_rounds > N_RUNS // 20
     if "suffix" in kind:            # earlier runs' continuations were proposed
         assert run_loop.drafter.suffix.found > N_RUNS
+        if K != 4:                  # a cost model: long matches drafted past its plan
+            ngram = run_loop.drafter if kind == "suffix" else run_loop.drafter.ngram
+            assert ngram.long_rounds > N_RUNS // 10
     check_matches_plain(seqs)
 
 

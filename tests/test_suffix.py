@@ -105,3 +105,57 @@ def test_each_api_key_drafts_from_its_own_earlier_requests(smollm2_f32_path):
     assert a1["text"] == a2["text"] == b1["text"] == b2["text"]
     assert a2["share"] >= 0.8 and b2["share"] >= 0.8
     assert b1["share"] < a2["share"] - 0.3 and a1["share"] < a2["share"] - 0.3
+
+
+# -- a long match drafts past the n-gram policy's plan ----------------------------------------
+
+def _ngram_over(index, plan_k: int):
+    """An n-gram drafter (cost model: SmolLM2's passes, free drafts) whose policy plans
+    ``plan_k`` tokens, with ``index`` as its earlier requests."""
+    import numpy as np
+
+    from edgespec.drafting import AdaptiveLength, Costs, NgramDrafter
+    pol = AdaptiveLength(Costs({1: 0.023, 4: 0.031, 8: 0.039, 16: 0.045, 33: 0.066}, 0.0))
+    drafter = NgramDrafter(pol, index=lambda: index)
+    drafter._planned = plan_k
+    pol._pos_rates, pol._planned, pol._rate = np.full(pol.k_max, 0.3), plan_k, 1 / 0.02
+    return drafter, pol
+
+
+def test_a_long_match_of_an_earlier_request_drafts_past_the_plan():
+    """Learned on the context's short matches, the n-gram policy plans 2 tokens a round; an
+    earlier answer the context matches for 20 tokens drafts as far as matches that long have
+    paid (none seen yet: as far as an optimistic prior says), a 5-token one keeps to the plan,
+    and once long matches have been rejected the draft is short again."""
+    import numpy as np
+    earlier = list(range(1000, 1100))
+    idx = SuffixIndex()
+    idx.add(earlier)
+    drafter, pol = _ngram_over(idx, plan_k=2)
+    rng = np.random.default_rng(0)
+    d = drafter.draft([7] + earlier[:20], 60, GREEDY, rng, lambda: False)
+    assert drafter.long_match and len(d.x) > 10 and d.x == earlier[20:20 + len(d.x)]
+    d = drafter.draft([7, 8, 9] + earlier[15:20], 60, GREEDY, rng, lambda: False)
+    assert not drafter.long_match and d.x == earlier[20:22]       # the plan's 2
+    for _ in range(30):          # long matches' drafts rejected at their first token
+        pol.observe(8, 0, [0.75] * 8, [], 0.03)
+    drafter._planned = 2
+    d = drafter.draft([7] + earlier[:20], 60, GREEDY, rng, lambda: False)
+    assert not drafter.long_match and len(d.x) <= 2
+
+
+def test_a_pinned_or_batched_length_is_not_drafted_past():
+    import numpy as np
+
+    from edgespec.drafting import FixedLength, NgramDrafter
+    earlier = list(range(1000, 1100))
+    idx = SuffixIndex()
+    idx.add(earlier)
+    pinned = NgramDrafter(FixedLength(3), index=lambda: idx)
+    pinned.plan()
+    d = pinned.draft([7] + earlier[:20], 60, GREEDY, np.random.default_rng(0), lambda: False)
+    assert d.x == earlier[20:23] and not pinned.long_match
+    drafter, pol = _ngram_over(idx, plan_k=2)
+    pol.joint = lambda rates, cap, k: k        # other streams share the passes
+    d = drafter.draft([7] + earlier[:20], 60, GREEDY, np.random.default_rng(0), lambda: False)
+    assert len(d.x) <= 2 and not drafter.long_match

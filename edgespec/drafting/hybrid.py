@@ -61,9 +61,12 @@ class HybridDrafter:
         """Up to ``k_max`` tokens (the loop's bound: budget, context, batch), each source
         capped further by its own plan."""
         t0 = time.perf_counter()
-        k_model, k_ngram = (min(k_max, k) for k in self._planned)
-        d = self.ngram.draft(context, k_ngram, params, rng, should_stop, constraint) \
-            if k_ngram > 0 else Draft(source="ngram")
+        k_model = min(k_max, self._planned[0])
+        # (Asked with the loop's bound: a long match of an earlier request may draft past its
+        # plan, :class:`~.ngram.NgramDrafter`; a short one keeps to the plan.)
+        d = self.ngram.draft(context, k_max, params, rng, should_stop, constraint) \
+            if k_max > 0 else Draft(source="ngram")
+        long_match = bool(d.x) and self.ngram.long_match
         if d.x:
             self._match_found(len(context))
         elif self._miss_start is None:
@@ -80,7 +83,7 @@ class HybridDrafter:
             if not d.x:
                 d = Draft()
             d.caught_up = caught
-        elif (not d.x or self._model_is_better(k_model)) and k_model > 0 \
+        elif (not d.x or not long_match and self._model_is_better(k_model)) and k_model > 0 \
                 and self._catch_up_pays(context):
             if constraint is not None:
                 constraint.rollback(len(d.x))

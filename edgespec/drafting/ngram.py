@@ -37,14 +37,25 @@ def lookup(context: Sequence[int], k: int, ngram_min: int, ngram_max: int,
     return [], 0
 
 
+def match_confidence(n: int) -> float:
+    """A match's confidence from its length in tokens: log2(n) / 6, at most 1, so that the
+    context's matches (2-8 tokens: 0.17-0.5) and the suffix index's longer ones (up to 64:
+    0.5-1) fall in confidence bins of their own."""
+    return min(1.0, float(np.log2(n)) / 6.0) if n > 0 else 0.0
+
+
 class NgramDrafter:
     """Propose the continuation of the latest earlier occurrence of the context's last n
     tokens (n from ``ngram_max`` down to ``ngram_min``). Needs no model; q is one-hot, so under
     sampling a proposal x is accepted with probability p(x).
 
-    Its confidence is the length of the match (``n / ngram_max``): a continuation of a long
-    match is accepted far more often than one of a two-token match, and the policy's gate
-    learns by how much.
+    Its confidence is the length of the match (:func:`match_confidence`): a continuation of
+    a long match is accepted far more often than one of a two-token match, and the policy's
+    gate learns by how much. A match longer than ``ngram_max`` (an earlier request's text met
+    again: a regenerated answer, a repeated step) drafts as far as its confidence's acceptance
+    pays (:meth:`~.policy.AdaptiveLength.length_for`), past the round's plan, which was
+    learned from the context's short matches: the draft is as long as the evidence for that
+    match, as in SuffixDecoding, not as the other matches'.
     """
 
     def __init__(self, policy: LengthPolicy, ngram_min: int = 2, ngram_max: int = 8,
@@ -53,6 +64,7 @@ class NgramDrafter:
         self.index = index      # earlier requests' tokens (suffix.py), as of this generation
         self.ngram_min, self.ngram_max, self.window = ngram_min, ngram_max, window
         self._planned = 0       # this round's plan
+        self.long_match = False     # this round's draft is a long match's, past the plan
 
     def begin(self, context: Sequence[int], limit: int) -> None:
         """(Nothing to prepare: the context is all a lookup needs.)"""
@@ -68,17 +80,29 @@ class NgramDrafter:
         k = min(k_max, self._planned)
         x, n = lookup(context, k, self.ngram_min, self.ngram_max, self.window)
         index = self.index() if self.index is not None else None
-        if index is not None and k > 0:
+        self.long_match = False
+        if index is not None and k_max > 0:
             # An earlier request that matches the context's end for longer (a regenerated
-            # answer, a repeated step) predicts better than the context's own match.
-            y, m = index.lookup(context, k)
+            # answer, a repeated step) predicts better than the context's own match; longer
+            # than the context's matches can be, it may draft past the plan (even a plan of
+            # none), as far as drafts of that confidence have paid.
+            y, m = index.lookup(context, k_max)
             if m > n and y:
                 x, n = y, m
-        confidence = min(1.0, n / self.ngram_max) if self.policy.needs_confidence else None
-        for i in range(len(x)):
-            if should_stop() or not self.policy.keep_drafting(i, confidence):
-                del x[i:]
-                break
+                if m > self.ngram_max:
+                    k_long = self.policy.length_for(match_confidence(m), k_max)
+                    self.long_match = k_long > k
+                    k = max(k, k_long)
+                del x[k:]
+        # Free to know (no pass over logits): every round teaches the policy's confidence
+        # bins, which a long match's length is drawn from; the gate cuts on it as it asks.
+        confidence = match_confidence(n)
+        gate = confidence if self.policy.needs_confidence else None
+        if not self.long_match:
+            for i in range(len(x)):
+                if should_stop() or not self.policy.keep_drafting(i, gate):
+                    del x[i:]
+                    break
         if constraint is not None:      # only what the grammar allows, in order
             del x[constraint.consume(x):]
         return Draft(x, [Dist.one_hot(t) for t in x], [confidence] * len(x), source="ngram",

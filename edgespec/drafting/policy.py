@@ -52,6 +52,11 @@ class LengthPolicy(Protocol):
         """Before drawing draft token ``i`` (0-based) whose distribution has this confidence
         (the draft's top probability; ``None`` when not measured)."""
 
+    def length_for(self, confidence: float, k_max: int) -> int:
+        """How many tokens a free draft of this ``confidence`` (an n-gram match's length,
+        :func:`~.ngram.match_confidence`) is worth, up to ``k_max``, whatever this round's
+        plan: 0 when none (a pinned length: always 0, the plan is the user's)."""
+
     def observe(self, k: int, n: int, confidences: Sequence[Optional[float]],
                 draft_step_seconds: Sequence[float], verify_seconds: float,
                 k_verified: Optional[int] = None) -> None:
@@ -104,6 +109,9 @@ class FixedLength:
 
     def keep_drafting(self, i: int, confidence: Optional[float]) -> bool:
         return confidence is None or confidence >= self.p_min
+
+    def length_for(self, confidence: float, k_max: int) -> int:
+        return 0        # the length is the user's: no match drafts past it
 
     def observe(self, k, n, confidences, draft_step_seconds, verify_seconds,
                 k_verified=None) -> None:
@@ -328,6 +336,22 @@ class AdaptiveLength:
             return False
         self._reach = reach
         return True
+
+    def length_for(self, confidence: float, k_max: int) -> int:
+        """The draft length that pays best for a free draft (no draft steps: an n-gram
+        match's continuation) each of whose tokens is accepted at the rate drafts of this
+        ``confidence`` have been: the verify pass's rows against the tokens expected, at most
+        ``k_max``; 0 where none beats plain decoding. Not with other streams (their batch
+        is planned together: :attr:`joint`)."""
+        k_max = min(k_max, self.k_max)
+        if self.joint is not None or k_max <= 0:
+            return 0
+        a = min(MAX_ACCEPTANCE, self._acceptance_at(confidence))
+        ks = np.arange(0, k_max + 1)
+        tokens = 1.0 + np.concatenate(([0.0], np.cumsum(np.cumprod(np.full(k_max, a)))))
+        rate = tokens / self.costs.pass_seconds(ks + 1)
+        k = int(np.argmax(rate))
+        return k if rate[k] >= rate[0] * (1 + self.margin) else 0
 
     def rest(self) -> None:
         """A round this policy took no part in (another source drafted): its evidence fades
