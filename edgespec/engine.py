@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from . import config
-from .backend import (VocabMap, backend_info, check_pair, open_pair, placement,
+from .backend import (VocabMap, backend_info, check_pair, open_pair, placement, same_network,
                       release_free_heap, rpc_endpoints)
 from .config import ModelConfig, SamplingParams, SpecConfig, default_threads
 from .constraints import Constraint
@@ -75,7 +75,9 @@ class Engine:
         self.template = self._prompter.template
         self._drafting = EngineDrafting(spec, target, draft, draft_head, vocab_map=vocab_map,
                                         recalibrate=recalibrate, progress=progress,
-                                        parallel=parallel)
+                                        parallel=parallel,
+                                        shares_kv=draft is not None and vocab_map is None
+                                        and same_network(target, draft))
         self.draft_head = self._drafting.head       # (a reduced output layer, or None)
         # Threads that follow the machine's load (edgespec/threads.py), one governor a model;
         # none when the caller pinned a count.

@@ -15,7 +15,7 @@
 """
 
 from .model import LlamaModel
-from .pair import open_pair
+from .pair import open_pair, same_network
 from .preflight import info as cpu_check_info
 from .quantize import FTYPES, check_ftype, quantize
 from .remote import RemoteModel, open_model
@@ -27,4 +27,5 @@ from .vocab_map import VocabMap, check_pair, check_pair_files
 __all__ = ["LlamaModel", "FTYPES", "check_ftype", "quantize", "LLAMA_CPP_VERSION",
            "backend_info", "cpu_check_info", "release_free_heap", "GrammarVocab", "VocabOnly",
            "check_compatible", "check_compatible_files", "RemoteModel", "open_model", "placement",
-           "rpc_endpoints", "open_pair", "VocabMap", "check_pair", "check_pair_files"]
+           "rpc_endpoints", "open_pair", "same_network", "VocabMap", "check_pair",
+           "check_pair_files"]

@@ -37,3 +37,22 @@ def open_pair(target: ModelConfig, draft: Optional[ModelConfig], *,
     except BaseException:
         t_model.close()
         raise
+
+
+def same_network(target, draft) -> bool:
+    """Whether ``draft`` is ``target``'s network at another precision (a quantisation of the
+    same file, as ``edgespec pair derive`` and both registry pairs make): the same
+    architecture, hyperparameters, tokenizer size and tensors (names and shapes; their types
+    may differ). Then the draft's KV cache can take the target's cells for a context
+    (``llama_state_seq_set_data`` checks the layers' row sizes again): what the target read
+    need not be read a second time (edgespec.drafting.reading). Whether the weights are the
+    same network's is not checked, only their shapes: KV cells of another fine-tune of the
+    same shapes would make the draft's proposals worse, never an answer different."""
+    a, b = getattr(target, "info", None), getattr(draft, "info", None)
+    if a is None or b is None or not a.architecture or a.architecture != b.architecture:
+        return False
+    prefix = a.architecture + "."
+    hyper = {k for k in (*a.metadata, *b.metadata) if k.startswith(prefix)}
+    if any(a.metadata.get(k) != b.metadata.get(k) for k in hyper) or a.n_vocab != b.n_vocab:
+        return False
+    return {n: t[0] for n, t in a.tensors.items()} == {n: t[0] for n, t in b.tensors.items()}

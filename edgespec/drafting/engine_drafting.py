@@ -41,14 +41,16 @@ def make_drafter(spec: SpecConfig, *, costs: Optional[Costs], k_max: int,
                  draft_model: Optional[LanguageModel] = None, eog: frozenset[int] = frozenset(),
                  head: Optional[ReducedHead] = None, cross=None,
                  joint: Optional[Callable] = None,
-                 index: Optional[Callable] = None) -> Optional[Drafter]:
+                 index: Optional[Callable] = None,
+                 donor: Optional[LanguageModel] = None) -> Optional[Drafter]:
     """The drafter ``spec`` names, each source with its own length policy: the cost model over
     ``costs`` (drafts of at most ``k_max``), or the spec's fixed K when it pins one. ``costs``
     may be None only for a fixed K. None for ``drafter="none"``. ``cross``: a draft model of
     another vocabulary (see :class:`~.model.ModelDrafter`). ``joint``: the draft model's
     lengths are planned with other streams' (:attr:`~.policy.AdaptiveLength.joint`).
     ``index``: the suffix index of earlier requests the n-gram drafts also read, as of the
-    current generation (a callable: None when it has none)."""
+    current generation (a callable: None when it has none). ``donor``: the target's cache,
+    whose cells the draft model's may take (:class:`~.reading.Reading`)."""
     fixed = not spec.is_adaptive
 
     def policy(c: Optional[Costs]) -> LengthPolicy:
@@ -62,7 +64,7 @@ def make_drafter(spec: SpecConfig, *, costs: Optional[Costs], k_max: int,
         own = policy(costs)
         if joint is not None and isinstance(own, AdaptiveLength):
             own.joint = joint
-        return ModelDrafter(draft_model, eog, own, head, cross)
+        return ModelDrafter(draft_model, eog, own, head, cross, donor=donor)
 
     if spec.drafter is DrafterKind.MODEL:
         return model_drafter()
@@ -109,7 +111,7 @@ class EngineDrafting:
     def __init__(self, spec: SpecConfig, target: LoadedModel, draft: Optional[LoadedModel],
                  head: Optional[ReducedHead] = None, *, vocab_map: Optional["VocabMap"] = None,
                  recalibrate: bool = False, progress: Callable[[str], None] = lambda s: None,
-                 parallel: int = 1):
+                 parallel: int = 1, shares_kv: bool = False):
         # A draft with a large vocabulary, run on the CPU, skips llama.cpp's output layer and
         # applies a reduced one (reduced_head.py); ``head``: one shared with another Engine.
         if head is None and draft is not None and draft.can_tap \
@@ -117,6 +119,9 @@ class EngineDrafting:
             head = ReducedHead(draft, shared=vocab_map.keep if vocab_map else None)
         self.spec, self.target, self.draft, self.head = spec, target, draft, head
         self.parallel = parallel
+        # The draft is the target's network at another precision: its cache takes the
+        # target's cells for what the target read (reading.py) instead of reading it again.
+        self.shares_kv = shares_kv
         self._vocab_map = vocab_map
         self._vocab_share = vocab_map.share if vocab_map is not None else None
         # A draft of another vocabulary (``vocab_map``: the map between the two): the context
@@ -253,7 +258,8 @@ class EngineDrafting:
             drafter = make_drafter(
                 spec, costs=self.costs, k_max=min(spec.k_max, self.target.n_outputs_max - 1),
                 draft_model=lane.draft, eog=self.target.vocab.eog, head=lane.head,
-                cross=self.cross_for(lane), joint=joint, index=lambda: lane.suffix)
+                cross=self.cross_for(lane), joint=joint, index=lambda: lane.suffix,
+                donor=lane.target if self.shares_kv else None)
             # A pinned length is the user's; an adaptive one drafts while drafting measures
             # faster than plain batching.
             self._by_kind[key] = (GatedDrafter(drafter, self.gate)

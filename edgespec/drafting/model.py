@@ -57,7 +57,8 @@ class ModelDrafter:
 
     def __init__(self, model: LanguageModel, eog: frozenset[int], policy: LengthPolicy,
                  head: Optional[ReducedHead] = None,
-                 cross: Optional[tuple[Translation, np.ndarray]] = None):
+                 cross: Optional[tuple[Translation, np.ndarray]] = None,
+                 donor: Optional[LanguageModel] = None):
         self.model = model
         self.eog = eog
         self.policy = policy
@@ -66,7 +67,7 @@ class ModelDrafter:
         # (-1: none). Positions in the draft's cache are then its own tokens'.
         self.translation, self._to_target = cross or (None, None)
         self._shared = self._to_target >= 0 if self._to_target is not None else None
-        self.reading = Reading(model, policy, self.translation)
+        self.reading = Reading(model, policy, self.translation, donor=donor)
         self._planned = 0       # this round's plan
 
     # -- the contract ---------------------------------------------------------------------

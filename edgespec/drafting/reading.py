@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from typing import Optional, Sequence
 
+from ..errors import BackendError
 from ..lm import LanguageModel
 from ..prompt_cache import common_prefix
 from .base import Draft
@@ -53,8 +54,16 @@ class Reading:
     PROMPT_TOKEN_SHARE = 0.5
 
     def __init__(self, model: LanguageModel, policy: LengthPolicy,
-                 translation: Optional[Translation] = None):
+                 translation: Optional[Translation] = None,
+                 donor: Optional[LanguageModel] = None):
         self.model, self.policy = model, policy
+        # The target's cache, when the draft is the target's network at another precision:
+        # its cells for the context are copied in (:meth:`_take_donors`) instead of read.
+        self.donor = donor
+        self.taken = 0          # tokens taken from the donor, cumulative
+        # Seconds per token of the donor's context to copy its cells (all of them are
+        # copied: llama.cpp copies a sequence whole); None until a copy was measured.
+        self.take_cost: Optional[float] = None
         # Across vocabularies: the context in the draft's tokens (positions in the cache are
         # then the draft's own tokens').
         self.translation = translation
@@ -173,8 +182,46 @@ class Reading:
     def behind(self, context: Sequence[int]) -> bool:
         """Whether this round is a plain one for the model: its cache is more than a chunk
         behind. (The first token never waits for the draft: the loop gives it from the
-        prompt pass, or from a plain first round, without asking the drafter.)"""
-        return self._lag(context) > self.CATCH_UP_CHUNK
+        prompt pass, or from a plain first round, without asking the drafter.) A cache that
+        can take the target's cells for the context is brought up to it first: then it is
+        not behind."""
+        if self._lag(context) <= self.CATCH_UP_CHUNK:
+            return False
+        return not self._take_donors(context)
+
+    def _take_donors(self, context: Sequence[int]) -> bool:
+        """Copy the target's cells for the context into the draft's cache (the same network
+        at another precision: the cells fit, and are the better ones, computed at the target's
+        precision); True when the cache then holds all but the last few tokens. The target
+        holds the committed context but its last token or two between rounds; a copy costs
+        ~0.07 ms a token (SmolLM2, 2 cores), where reading costs the draft 2 ms a token
+        (docs/decisions.md). Not across vocabularies, nor with a window of the prompt chosen.
+        A copy llama.cpp refuses turns the donor off: the cache is read as before."""
+        donor = self.donor
+        if donor is None or self.translation is not None or self._skip is not None:
+            return False
+        held = donor.tokens
+        n = len(held)
+        if n <= len(self.model.tokens) or list(held) != list(context[:n]):
+            return False
+        if self.take_cost is not None and (self.catch_up_cost is not None
+                                           or self.policy.step_seconds() is not None):
+            # A long context a few chunks ahead of the cache (after n-gram rounds) may be
+            # cheaper to read than to copy whole.
+            if n * self.take_cost > self._lag(context) * self._token_seconds():
+                return False
+        t0 = time.perf_counter()
+        try:
+            self.model.restore_state(donor.save_state())
+        except BackendError:
+            self.donor = None
+            self.model.truncate(0)
+            return False
+        per_token = (time.perf_counter() - t0) / n
+        self.take_cost = (per_token if self.take_cost is None
+                          else self.take_cost + 0.2 * (per_token - self.take_cost))
+        self.taken += n
+        return self._lag(context) <= self.CATCH_UP_CHUNK
 
     def catch_up(self, context: Sequence[int], worth: Optional[bool] = None) -> Draft:
         """A plain round while :meth:`behind`: one chunk of the context the cache lacks is
