@@ -239,17 +239,21 @@ class AdaptiveLength:
         reach = np.cumprod((self.position_rates() if rates is None else rates)[:k])
         return 1.0 + float(reach.sum()), k * self.costs.draft + self.costs.pass_seconds(k + 1)
 
+    def _rates_by_length(self, acceptance: np.ndarray, draft: float) -> np.ndarray:
+        """Expected tokens per second of a round that drafts K = 0 … len(acceptance)
+        tokens, position i accepted at ``acceptance[i]``, a draft step costing ``draft``."""
+        ks = np.arange(0, acceptance.size + 1)
+        seconds = ks * draft + self.costs.pass_seconds(ks + 1)
+        reach = np.cumprod(acceptance)
+        return (1.0 + np.concatenate(([0.0], np.cumsum(reach)))) / seconds
+
     def best(self) -> tuple[int, float]:
         """The K in [0, k_max] with the highest expected tokens per second, and that rate.
 
         Drafting must beat plain decoding by ``margin`` (a break-even gamble on a draft as
         slow as the target only adds variance)."""
-        ks = np.arange(0, self.k_max + 1)
-        seconds = ks * self.costs.draft + self.costs.pass_seconds(ks + 1)
-
         def rates(z):
-            reach = np.cumprod(self.position_rates(z))
-            return (1.0 + np.concatenate(([0.0], np.cumsum(reach)))) / seconds
+            return self._rates_by_length(self.position_rates(z), self.costs.draft)
 
         rate = rates(None)
         k = int(np.argmax(rate))
@@ -347,9 +351,7 @@ class AdaptiveLength:
         if self.joint is not None or k_max <= 0:
             return 0
         a = min(MAX_ACCEPTANCE, self._acceptance_at(confidence))
-        ks = np.arange(0, k_max + 1)
-        tokens = 1.0 + np.concatenate(([0.0], np.cumsum(np.cumprod(np.full(k_max, a)))))
-        rate = tokens / self.costs.pass_seconds(ks + 1)
+        rate = self._rates_by_length(np.full(k_max, a), 0.0)
         k = int(np.argmax(rate))
         return k if rate[k] >= rate[0] * (1 + self.margin) else 0
 
@@ -383,10 +385,7 @@ class AdaptiveLength:
         probing), 0 unless it beats plain decoding by ``margin``."""
         if tokens_ahead <= 0:
             return 0.0
-        ks = np.arange(0, self.k_max + 1)
-        seconds = ks * self.costs.draft + self.costs.pass_seconds(ks + 1)
-        reach = np.cumprod(keep * self.position_rates())
-        rate = (1.0 + np.concatenate(([0.0], np.cumsum(reach)))) / seconds
+        rate = self._rates_by_length(keep * self.position_rates(), self.costs.draft)
         best = float(rate.max())
         if best < rate[0] * (1 + self.margin):
             return 0.0

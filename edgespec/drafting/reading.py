@@ -202,7 +202,7 @@ class Reading:
             return False
         held = donor.tokens
         n = len(held)
-        if n <= len(self.model.tokens) or list(held) != list(context[:n]):
+        if n <= len(self.model.tokens) or common_prefix(held, context) < n:
             return False
         if self.take_cost is not None and (self.catch_up_cost is not None
                                            or self.policy.step_seconds() is not None):
