@@ -205,6 +205,10 @@ class SpecConfig:
 
 
 CPU_EXTRA_BUFFERS = ("auto", "on", "off")
+# llama.cpp's flash attention (-fa): "auto" is llama.cpp's choice (on for the CPU too: off
+# verifies several drafts at a long context faster but reads prompts and decodes one token
+# slower, measured in docs/decisions.md#flash-attention); "on"/"off" decide.
+FLASH_ATTN = ("auto", "on", "off")
 
 
 def default_threads() -> int:
@@ -230,6 +234,7 @@ class ModelConfig:
     # llama.cpp's extra CPU buffer types (AMX, repacked weights): "auto" checks once that they
     # do not fault on this CPU (backend/preflight.py), "on" or "off" decide without a check
     cpu_extra_buffers: str = "auto"
+    flash_attn: str = "auto"        # FLASH_ATTN
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", Path(self.path).expanduser())
@@ -246,3 +251,5 @@ class ModelConfig:
         if self.cpu_extra_buffers not in CPU_EXTRA_BUFFERS:
             raise InvalidParameterError("cpu_extra_buffers", self.cpu_extra_buffers,
                                         "'auto', 'on' or 'off'")
+        if self.flash_attn not in FLASH_ATTN:
+            raise InvalidParameterError("flash_attn", self.flash_attn, "'auto', 'on' or 'off'")

@@ -107,7 +107,8 @@ class Engine:
              adaptive: bool = True, p_min: float = 0.0, verifier: str = config.VERIFIER,
              suffix: bool = True, verbose: bool = False, recalibrate: bool = False,
              rpc=None, draft_rpc=None,
-             cpu_extra_buffers: str = "auto", cache_ram: int = config.CACHE_RAM_MIB,
+             cpu_extra_buffers: str = "auto", flash_attn: str = "auto",
+             cache_ram: int = config.CACHE_RAM_MIB,
              parallel: int = 1, progress: Callable[[str], None] = lambda s: None) -> "Engine":
         """Load a target GGUF and optionally a draft GGUF (or a registry ``pair`` name).
 
@@ -131,6 +132,8 @@ class Engine:
         ``cpu_extra_buffers``: ``"auto"`` lets llama.cpp's extra CPU kernels (AMX, repacked
         weights) run only where a child process showed that they do not crash this CPU
         (checked once per CPU and llama.cpp build); ``"on"``/``"off"`` decide without a check.
+        ``flash_attn``: llama.cpp's flash attention, ``"auto"`` (llama.cpp's choice), ``"on"``
+        or ``"off"``.
         ``parallel``: how many generations run at once (each with ``n_ctx`` tokens of KV cache
         of its own in each model, batched together); more wait for a free lane.
         """
@@ -153,7 +156,8 @@ class Engine:
             raise InvalidParameterError("parallel", parallel, "1 with RPC workers (a model on "
                                         "workers serves one generation at a time)")
         common = dict(n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads or default_threads(),
-                      verbose=verbose, cpu_extra_buffers=cpu_extra_buffers, n_seq=parallel)
+                      verbose=verbose, cpu_extra_buffers=cpu_extra_buffers, flash_attn=flash_attn,
+                      n_seq=parallel)
         t_cfg = ModelConfig(target, n_gpu_layers=n_gpu_layers, rpc=rpc, **common,
                             n_outputs_max=max(config.N_OUTPUTS_MIN, spec.most_drafts + 1))
         d_cfg = (ModelConfig(draft, n_gpu_layers=draft_n_gpu_layers, rpc=draft_rpc,

@@ -89,7 +89,7 @@ class Progress:
 # The command line's name for each API parameter that an error or a note asks to change.
 FLAGS = {"n_ctx": "--ctx-size N", "speculative": "--no-spec", "draft": "--no-spec",
          "verbose": "--verbose", "draft_max": "--draft-max K",
-         "cpu_extra_buffers": "--cpu-extra-buffers on|off"}
+         "cpu_extra_buffers": "--cpu-extra-buffers on|off", "flash_attn": "--flash-attn on|off"}
 
 
 def with_flags(message: str, options) -> str:
@@ -170,6 +170,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="llama.cpp's extra CPU kernels for quantised weights (AMX, repacked "
                         "weights): auto (default) checks once, in a child process, that they "
                         "do not crash on this CPU; on or off decide without a check")
+    g.add_argument("--flash-attn", choices=config.FLASH_ATTN, default="auto",
+                   help="llama.cpp's flash attention (its -fa): auto (default) is llama.cpp's "
+                        "choice; on or off decide")
     g.add_argument("--verbose", action="store_true", help="show llama.cpp's own log")
 
 
@@ -272,6 +275,7 @@ def load_engine(args, say: Callable[[str], None] = status, **overrides):
               recalibrate=args.recalibrate, progress=progress,
               rpc=getattr(args, "rpc", None), draft_rpc=getattr(args, "draft_rpc", None),
               cpu_extra_buffers=getattr(args, "cpu_extra_buffers", "auto"),
+              flash_attn=getattr(args, "flash_attn", "auto"),
               suffix=not getattr(args, "no_suffix_index", False))
     try:
         return Engine.load(**{**kw, **overrides})

@@ -35,6 +35,8 @@ from .tap import Tap
 from .vocab import HasVocabulary, Vocabulary
 from .weights import free_context, load_weights
 
+_FLASH_ATTN = {"auto": C.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": C.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+               "off": C.LLAMA_FLASH_ATTN_TYPE_DISABLED}
 _DECODE_ERRORS = {1: "no room in the KV cache", 2: "aborted", -1: "invalid batch"}
 
 
@@ -102,6 +104,9 @@ class LlamaModel(HasVocabulary):
         cparams.n_outputs_max = self.n_outputs_total
         cparams.n_threads = cparams.n_threads_batch = config.n_threads
         cparams.no_perf = True
+        # Flash attention (config.FLASH_ATTN): "auto" is llama.cpp's choice (docs/decisions.md)
+        self.flash_attn = config.flash_attn
+        cparams.flash_attn_type = _FLASH_ATTN[config.flash_attn]
         # Only where llama.cpp has no device but the CPU: with one, even a model kept on the
         # CPU may have large batches' products run there (op offload), and the tapped tensor
         # would then be device memory.
@@ -138,7 +143,7 @@ class LlamaModel(HasVocabulary):
                 "n_ctx": self.n_ctx, "n_ctx_train": self.n_ctx_train,
                 "n_vocab": self.n_vocab, "n_threads": self.n_threads,
                 "n_gpu_layers": self.config.n_gpu_layers,
-                "cpu_extra_buffers": self.extra_buffers}
+                "cpu_extra_buffers": self.extra_buffers, "flash_attn": self.flash_attn}
 
     # -- the KV cache (the first sequence's) -----------------------------------------------
 

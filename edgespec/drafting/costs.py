@@ -260,7 +260,8 @@ def _fingerprint(model: HiddenStateModel) -> str:
     st = model.path.stat()
     c = model.config
     return f"{model.path.resolve()}|{st.st_size}|{int(st.st_mtime)}|t{c.n_threads}|" \
-           f"ngl{c.n_gpu_layers}" + (f"@rpc={','.join(c.rpc)}" if c.rpc else "")
+           f"ngl{c.n_gpu_layers},fa-{getattr(model, 'flash_attn', c.flash_attn)}" + \
+        (f"@rpc={','.join(c.rpc)}" if c.rpc else "")
 
 
 def _current(key: str, entry) -> bool:
