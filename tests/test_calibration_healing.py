@@ -86,12 +86,13 @@ def test_refined_costs_are_kept_and_the_next_process_starts_from_them(
             i += 1
             assert i < 20, "the loop never refined the costs"
         refined = dict(costs.target), costs.draft      # what is saved: the table itself
-        attention = costs.attention
+        attention, draft_attention = costs.attention, costs.draft_attention
     (entry,) = entries(cache).values()
     assert entry["source"] == "refined"
     saved = {int(n): v for n, v in entry["target"].items()}
     assert saved == pytest.approx(refined[0]) and entry["draft"] == pytest.approx(refined[1])
     assert entry["attention"] == pytest.approx(attention) and attention > 0
+    assert entry["draft_attention"] == pytest.approx(draft_attention)
     # Every draft step moved the draft's cost, and every target pass its batch size's, toward
     # what they measure: far below ten times the calibration.
     assert entry["draft"] < poisoned.draft
@@ -104,6 +105,7 @@ def test_refined_costs_are_kept_and_the_next_process_starts_from_them(
         assert start.target == pytest.approx(saved) and start.draft == pytest.approx(
             entry["draft"])
         assert start.attention == pytest.approx(attention)
+        assert start.draft_attention == pytest.approx(draft_attention)
         # The engine tells its costs where its target is: a pass's cost grows with it.
         eng.generate(PROMPTS[0], max_tokens=1, sampling=GREEDY)
         assert start.position() == len(eng.target.tokens) > 0

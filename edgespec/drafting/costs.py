@@ -52,6 +52,9 @@ class Costs:
     observed: int = 0       # target passes measured since these costs were made
     busy: bool = False      # measured while the machine was busy: to be measured again
     attention: float = 0.0  # seconds per batch token per context token
+    # The draft's step attends to about as long a context (its cells follow the target's):
+    # seconds per context token of a step, learned from steps after long contexts.
+    draft_attention: float = 0.0
     position: Callable[[], int] = field(default=lambda: 0, repr=False, compare=False)
     # The draft's pass over b streams' single tokens, b >= 2 (their reduced heads' products
     # included), when several streams draft together; measured for an Engine that decodes
@@ -62,7 +65,7 @@ class Costs:
         """Take ``other``'s figures in place (the policies and thread governors that share
         this object see them at once)."""
         self.target, self.draft, self.busy = dict(other.target), other.draft, other.busy
-        self.attention = other.attention
+        self.attention, self.draft_attention = other.attention, other.draft_attention
         self.draft_batch = dict(other.draft_batch) or self.draft_batch
         self._table()
 
@@ -119,6 +122,7 @@ class Costs:
             self.draft *= scale
             self.draft_batch = {b: v * scale for b, v in self.draft_batch.items()}
             self.attention *= scale
+            self.draft_attention *= scale
         elif context >= ATTENTION_CONTEXT:
             # A batch over a long context: what it cost beyond the table is attention.
             base = float(self.bare(float(n)))
@@ -130,9 +134,27 @@ class Costs:
             self.target[n] = new - self.attention * n * context
         self._table()
 
-    def observe_draft(self, seconds: float) -> None:
+    def draft_step(self) -> float:
+        """Seconds of one draft step after the current context (:attr:`position`): the
+        measured step plus the attention term. SmolLM2's Q8_0 step is 8-10 ms after 100
+        tokens and 15-16 ms after 1,900, against the F32 target's 20-25 and 25-30: a draft
+        that pays on a short prompt may not on a long one."""
+        return self.draft + self.draft_attention * self.position()
+
+    def observe_draft(self, seconds: float, context: Optional[int] = None) -> None:
+        """A draft step took ``seconds`` after ``context`` tokens (default: :attr:`position`).
+        After a long context what it cost beyond the step is attention (as for the target's
+        passes); after a short one it refines the step."""
+        context = self.position() if context is None else context
+        old_step = self.draft + self.draft_attention * context
+        if context >= ATTENTION_CONTEXT:
+            seen = min(max(seconds, 0.5 * old_step), 2.0 * old_step)
+            implied = max(0.0, seen - self.draft) / context
+            self.draft_attention += ATTENTION_EMA * (implied - self.draft_attention)
+            return
         old = self.draft
-        self.draft = self._blend(old, seconds, self.ema)
+        self.draft = max(self._blend(old_step, seconds, self.ema)
+                         - self.draft_attention * context, 0.1 * old)
         self.draft_batch = {b: v * self.draft / old for b, v in self.draft_batch.items()}
 
     def draft_pass(self, b):
@@ -154,7 +176,8 @@ class Costs:
     def snapshot(self) -> "Costs":
         """A copy of these figures, refined apart from here on."""
         return Costs(dict(self.target), self.draft, busy=self.busy, attention=self.attention,
-                     position=self.position, draft_batch=dict(self.draft_batch))
+                     draft_attention=self.draft_attention, position=self.position,
+                     draft_batch=dict(self.draft_batch))
 
     def free(self) -> "Costs":
         """These target costs with drafts that cost nothing (n-gram lookups)."""
@@ -311,6 +334,7 @@ class CostCache:
         try:
             return Costs({int(n): float(v) for n, v in entry["target"].items()},
                          float(entry["draft"]), attention=float(entry.get("attention", 0.0)),
+                         draft_attention=float(entry.get("draft_attention", 0.0)),
                          draft_batch={int(b): float(v) for b, v in
                                       entry.get("draft_batch", {}).items()})
         except (TypeError, ValueError, AttributeError):
@@ -319,7 +343,8 @@ class CostCache:
     def save(self, costs: Costs, source: str) -> None:
         saved = {k: v for k, v in self._read().items() if _current(k, v)}
         saved[self.key] = {"target": costs.target, "draft": costs.draft,
-                           "attention": costs.attention, "draft_batch": costs.draft_batch,
+                           "attention": costs.attention, "draft_attention": costs.draft_attention,
+                           "draft_batch": costs.draft_batch,
                            "saved": time.time(), "source": source}
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -123,10 +123,12 @@ class NgramDrafter:
     def extender(self, context: Sequence[int], k: int, min_match: int) -> Extender:
         """While another source drafts after ``context``: the continuation of a match of at
         least ``min_match`` tokens of the context and the draft so far (up to ``k`` tokens
-        in all), else none."""
+        in all, as far as the policy says drafts of that match's length pay), else none."""
         tail = list(context[-self.window:])
 
         def extend(x: list[int]) -> list[int]:
             more, n = lookup(tail + x, k - len(x), self.ngram_min, self.ngram_max, self.window)
-            return more if n >= min_match else []
+            if n < min_match:
+                return []
+            return more[:self.policy.extension_for(match_confidence(n), len(more))]
         return extend
