@@ -28,6 +28,7 @@ def test_calibration_measures_and_restores_the_cache(q4):
     assert q4.tokens == before                    # the models' contents are left as they were
     assert set(costs.target) == {1, 4, 16}
     assert all(v > 0 for v in costs.target.values()) and costs.draft > 0
+    assert costs.draft_attention >= 0             # (measured after 500 tokens, then removed)
     assert costs.target[16] > costs.target[1]     # 16 tokens cost more than one on a CPU
     q4.truncate(0)
 

@@ -53,7 +53,9 @@ class Costs:
     busy: bool = False      # measured while the machine was busy: to be measured again
     attention: float = 0.0  # seconds per batch token per context token
     # The draft's step attends to about as long a context (its cells follow the target's):
-    # seconds per context token of a step, learned from steps after long contexts.
+    # seconds per context token of a step, measured by the calibration (bare steps after an
+    # empty and a long context: learned from the loop's steps it also took in the loop's
+    # fixed costs per step, which the empty context's figure is not refined with).
     draft_attention: float = 0.0
     position: Callable[[], int] = field(default=lambda: 0, repr=False, compare=False)
     # The draft's pass over b streams' single tokens, b >= 2 (their reduced heads' products
@@ -142,16 +144,10 @@ class Costs:
         return self.draft + self.draft_attention * self.position()
 
     def observe_draft(self, seconds: float, context: Optional[int] = None) -> None:
-        """A draft step took ``seconds`` after ``context`` tokens (default: :attr:`position`).
-        After a long context what it cost beyond the step is attention (as for the target's
-        passes); after a short one it refines the step."""
+        """A draft step took ``seconds`` after ``context`` tokens (default: :attr:`position`):
+        it refines the step, the measured attention term set apart."""
         context = self.position() if context is None else context
         old_step = self.draft + self.draft_attention * context
-        if context >= ATTENTION_CONTEXT:
-            seen = min(max(seconds, 0.5 * old_step), 2.0 * old_step)
-            implied = max(0.0, seen - self.draft) / context
-            self.draft_attention += ATTENTION_EMA * (implied - self.draft_attention)
-            return
         old = self.draft
         self.draft = max(self._blend(old_step, seconds, self.ema)
                          - self.draft_attention * context, 0.1 * old)
@@ -224,7 +220,8 @@ def calibrate(target: LanguageModel, draft: Optional[LanguageModel],
     budget = CALIBRATION_BUDGET if budget is None else budget
     t_start = time.perf_counter()
     sizes = [n for n in sizes if n <= min(target.n_outputs_max, target.n_batch)]
-    steps = [0, 2 + reps * (len(sizes) + (draft is not None))]     # warm-ups, rounds
+    # warm-ups, rounds, the draft's steps after a long context
+    steps = [0, 2 + reps * (len(sizes) + (draft is not None)) + (reps + 1) * (draft is not None)]
 
     def timed(model: LanguageModel, n: int) -> float:
         steps[0] += 1
@@ -275,8 +272,32 @@ def calibrate(target: LanguageModel, draft: Optional[LanguageModel],
     others = watch.others()
     quiet = elapsed <= budget and (spread <= STEADY if others is None else others < QUIET)
     target_costs = {k: v for k, v in best.items() if k != "draft"}
-    return Calibration(Costs(target_costs, best.get("draft", FREE_DRAFT)), quiet, elapsed,
-                       others)
+    draft_attention = 0.0
+    if draft is not None and "draft" in best and time.perf_counter() - t_start <= budget:
+        draft_attention = _draft_attention(draft, best["draft"], timed, reps)
+    return Calibration(Costs(target_costs, best.get("draft", FREE_DRAFT),
+                             draft_attention=draft_attention), quiet, elapsed, others)
+
+
+# Context tokens behind the draft steps that measure the draft's attention term.
+ATTENTION_PROBE = 512
+
+
+def _draft_attention(draft: LanguageModel, step: float, timed: Callable, reps: int) -> float:
+    """Seconds per context token that a draft step adds: the fastest of ``reps`` + 1 steps
+    after ATTENTION_PROBE tokens against ``step``, the fastest after the current contents.
+    0 where the context has no room for the probe. The cache is restored."""
+    base = len(draft.tokens)
+    n = min(ATTENTION_PROBE, draft.n_ctx - base - 8)
+    if n < ATTENTION_CONTEXT:
+        return 0.0
+    tok = draft.vocab.bos if draft.vocab.bos >= 0 else 0
+    try:
+        draft.eval([tok] * n, 1)
+        after = min(timed(draft, 1) for _ in range(reps + 1))
+    finally:
+        draft.truncate(base)
+    return max(0.0, after - step) / n
 
 
 def _fingerprint(model: HiddenStateModel) -> str:
@@ -369,7 +390,8 @@ def calibrate_cached(target, draft, head: Optional[ReducedHead] = None, *,
     cal = calibrate(target, draft, head=head, progress=progress)
     if cal.quiet:
         cache.save(cal.costs, "calibration")
-    return Costs(dict(cal.costs.target), cal.costs.draft, busy=not cal.quiet)
+    return Costs(dict(cal.costs.target), cal.costs.draft, busy=not cal.quiet,
+                 draft_attention=cal.costs.draft_attention)
 
 
 def measure_draft_batch(draft, sizes: Sequence[int], head: Optional[ReducedHead] = None,

@@ -206,8 +206,12 @@ class EngineDrafting:
             self._remeasure_wait *= 2
             self._remeasure_at = time.monotonic() + self._remeasure_wait
             return False
-        # A calibration measures no attention term: the learned one stays, at the new speed.
-        cal.costs.attention = c.attention * float(cal.costs.bare(1.0) / c.bare(1.0))
+        # A calibration measures no attention term: the learned one stays, at the new speed;
+        # so does the draft's, where the context left no room to measure it again.
+        scale = float(cal.costs.bare(1.0) / c.bare(1.0))
+        cal.costs.attention = c.attention * scale
+        if not cal.costs.draft_attention:
+            cal.costs.draft_attention = c.draft_attention * scale
         c.adopt(cal.costs)
         CostCache(self.target, draft, self.head).save(c, "calibration")
         self._by_kind.clear()       # policies start again on these costs (and free() copies)
