@@ -1,0 +1,94 @@
+"""The draft step's attention term and the appended-match cap, on and off, side by side.
+
+    python scripts/bench_long_context_costs.py [--pair smollm2-135m] [--tasks long_passage]
+
+One Engine; for every prompt of the task bench's sets (edgespec/bench/tasks.py): plain
+decoding and the default drafter three ways: as shipped ("both"), with appended n-gram
+continuations capped but the draft's step costed at its empty-context figure ("cap"), and
+with neither ("neither": every continuation appended up to the loop's bound), the order
+alternating from prompt to prompt, cold caches and a new suffix index for every generation.
+Prints each task's speed-up over plain (geomean of its prompts), whole answer and decoding
+alone. The variants swap two methods in place (what the code did before, decisions.md
+#long-context-drafts), so it measures them on the same models and calibration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from edgespec import Engine, SamplingParams
+from edgespec.bench.long_prompts import cold
+from edgespec.bench.tasks import task_prompts
+from edgespec.drafting.costs import Costs
+from edgespec.drafting.policy import AdaptiveLength
+from edgespec.request import GenerationRequest
+
+SHIPPED = Costs.draft_step, AdaptiveLength.extension_for
+VARIANTS = {
+    "plain": SHIPPED,
+    "both": SHIPPED,
+    "cap": (lambda self: self.draft, SHIPPED[1]),
+    "neither": (lambda self: self.draft, lambda self, confidence, room: room),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pair", default="smollm2-135m")
+    ap.add_argument("--tasks", default="chat,translation,summarisation,qa,math,long_passage")
+    ap.add_argument("-n", "--max-tokens", type=int, default=64)
+    args = ap.parse_args()
+    raw = args.pair.startswith("gemma")         # (Gemma-3-270M has no chat template)
+    eng = Engine.load(pair=args.pair, n_ctx=4096)
+    keys = itertools.count()
+    greedy = SamplingParams(temperature=0.0)
+
+    def run(prompt, variant: str):
+        Costs.draft_step, AdaptiveLength.extension_for = VARIANTS[variant]
+        cold(eng)
+        req = GenerationRequest(prompt, max_tokens=args.max_tokens, sampling=greedy, raw=raw,
+                                speculative=variant != "plain",
+                                index_key=f"lc-bench-{next(keys)}")
+        t0 = time.perf_counter()
+        stream = eng.submit(req)
+        for _ in stream:
+            pass
+        whole = time.perf_counter() - t0
+        return whole, whole - stream.result.stats.prompt_seconds
+
+    tasks = args.tasks.split(",")
+    prompts = task_prompts()
+    ratios: dict = {}
+    names = ["both", "cap", "neither"]
+    try:
+        for task in tasks:
+            for i, prompt in enumerate(prompts[task]):
+                order = ["plain"] + names
+                out = {v: run(prompt, v) for v in (order if i % 2 == 0 else order[::-1])}
+                for v in names:
+                    for j, part in enumerate(("whole", "decode")):
+                        ratios.setdefault((task, v, part), []).append(
+                            out["plain"][j] / out[v][j])
+            print(f"{task:14}" + "  ".join(
+                f"{v} {statistics.geometric_mean(ratios[task, v, 'whole']):.2f}x "
+                f"({statistics.geometric_mean(ratios[task, v, 'decode']):.2f}x)" for v in names),
+                flush=True)
+    finally:
+        Costs.draft_step, AdaptiveLength.extension_for = SHIPPED
+        eng.close()
+    for v in names:
+        whole, decode = (statistics.geometric_mean(
+            [statistics.geometric_mean(ratios[t, v, part]) for t in tasks])
+            for part in ("whole", "decode"))
+        print(f"geomean {v}: {whole:.2f}x plain whole answer ({decode:.2f}x decoding)")
+
+
+if __name__ == "__main__":
+    main()
