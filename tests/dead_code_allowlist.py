@@ -16,6 +16,7 @@ _.n_threads_batch
 _.no_perf
 _.pooling_type
 _.cb_eval_user_data
+_.flash_attn_type
 _.allow_requantize
 _.nthread
 _.vocab_only
