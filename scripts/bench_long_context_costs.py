@@ -14,21 +14,14 @@ alone. The variants swap two methods in place (what the code did before, decisio
 
 from __future__ import annotations
 
-import argparse
-import itertools
 import statistics
-import sys
-import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from task_ab import answer, task_args
 
-from edgespec import Engine, SamplingParams
-from edgespec.bench.long_prompts import cold
+from edgespec import Engine
 from edgespec.bench.tasks import task_prompts
 from edgespec.drafting.costs import Costs
 from edgespec.drafting.policy import AdaptiveLength
-from edgespec.request import GenerationRequest
 
 SHIPPED = Costs.draft_step, AdaptiveLength.extension_for
 VARIANTS = {
@@ -40,28 +33,13 @@ VARIANTS = {
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pair", default="smollm2-135m")
-    ap.add_argument("--tasks", default="chat,translation,summarisation,qa,math,long_passage")
-    ap.add_argument("-n", "--max-tokens", type=int, default=64)
-    args = ap.parse_args()
-    raw = args.pair.startswith("gemma")         # (Gemma-3-270M has no chat template)
+    args = task_args(__doc__, "smollm2-135m")
     eng = Engine.load(pair=args.pair, n_ctx=4096)
-    keys = itertools.count()
-    greedy = SamplingParams(temperature=0.0)
 
     def run(prompt, variant: str):
         Costs.draft_step, AdaptiveLength.extension_for = VARIANTS[variant]
-        cold(eng)
-        req = GenerationRequest(prompt, max_tokens=args.max_tokens, sampling=greedy, raw=raw,
-                                speculative=variant != "plain",
-                                index_key=f"lc-bench-{next(keys)}")
-        t0 = time.perf_counter()
-        stream = eng.submit(req)
-        for _ in stream:
-            pass
-        whole = time.perf_counter() - t0
-        return whole, whole - stream.result.stats.prompt_seconds
+        whole, result = answer(eng, prompt, args, variant != "plain")
+        return whole, whole - result.stats.prompt_seconds
 
     tasks = args.tasks.split(",")
     prompts = task_prompts()

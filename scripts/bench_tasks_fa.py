@@ -14,42 +14,20 @@ default gains).
 
 from __future__ import annotations
 
-import argparse
-import itertools
 import statistics
-import sys
-import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from task_ab import answer, task_args
 
-from edgespec import Engine, SamplingParams
-from edgespec.bench.long_prompts import cold
+from edgespec import Engine
 from edgespec.bench.tasks import task_prompts
-from edgespec.request import GenerationRequest
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pair", default="smollm2-135m")
-    ap.add_argument("--tasks", default="chat,translation,summarisation,qa,math,long_passage")
-    ap.add_argument("-n", "--max-tokens", type=int, default=64)
-    args = ap.parse_args()
-    raw = args.pair.startswith("gemma")         # (Gemma-3-270M has no chat template)
+    args = task_args(__doc__, "smollm2-135m")
     engines = {fa: Engine.load(pair=args.pair, n_ctx=4096, flash_attn=fa) for fa in ("off", "on")}
-    keys = itertools.count()
-    greedy = SamplingParams(temperature=0.0)
 
     def run(prompt, fa: str, speculative: bool):
-        eng = engines[fa]
-        cold(eng)
-        req = GenerationRequest(prompt, max_tokens=args.max_tokens, sampling=greedy, raw=raw,
-                                speculative=speculative, index_key=f"fa-bench-{next(keys)}")
-        t0 = time.perf_counter()
-        stream = eng.submit(req)
-        for _ in stream:
-            pass
-        return time.perf_counter() - t0
+        return answer(engines[fa], prompt, args, speculative)[0]
 
     tasks = args.tasks.split(",")
     prompts = task_prompts()

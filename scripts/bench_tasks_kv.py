@@ -11,45 +11,25 @@ prompts) both ways, and where a near tie of the target's logits parted an answer
 
 from __future__ import annotations
 
-import argparse
-import itertools
 import statistics
-import sys
-import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from task_ab import answer, task_args
 
-from edgespec import Engine, SamplingParams
-from edgespec.bench.long_prompts import cold
+from edgespec import Engine
 from edgespec.bench.tasks import task_prompts
-from edgespec.request import GenerationRequest
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pair", default="gemma3-270m")
-    ap.add_argument("--tasks", default="chat,translation,summarisation,qa,math,long_passage")
-    ap.add_argument("-n", "--max-tokens", type=int, default=64)
-    args = ap.parse_args()
-    raw = args.pair.startswith("gemma")         # (Gemma-3-270M has no chat template)
+    args = task_args(__doc__, "gemma3-270m")
     eng = Engine.load(pair=args.pair, n_ctx=4096)
     if not eng._drafting.shares_kv:
-        sys.exit("this pair's draft is not the target's network: nothing to compare")
-    keys = itertools.count()
-    greedy = SamplingParams(temperature=0.0)
+        raise SystemExit("this pair's draft is not the target's network: nothing to compare")
 
     def run(prompt, speculative: bool, share: bool):
-        cold(eng)
         eng._drafting.shares_kv = share      # (the drafters are built again with it)
         eng._drafting._by_kind.clear()
-        req = GenerationRequest(prompt, max_tokens=args.max_tokens, sampling=greedy, raw=raw,
-                                speculative=speculative, index_key=f"kv-bench-{next(keys)}")
-        t0 = time.perf_counter()
-        stream = eng.submit(req)
-        for _ in stream:
-            pass
-        return time.perf_counter() - t0, stream.result.tokens
+        seconds, result = answer(eng, prompt, args, speculative)
+        return seconds, result.tokens
 
     tasks = args.tasks.split(",")
     prompts = task_prompts()

@@ -1,5 +1,6 @@
 """`--flash-attn` / ``flash_attn``: llama.cpp's flash attention, checked before anything loads
-and applied to the real context (llama.cpp's own log says which kernel it built)."""
+(with `--cpu-extra-buffers`, the other auto/on/off setting) and applied to the real context
+(llama.cpp's own log says which kernel it built)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,19 @@ import pytest
 from edgespec.errors import InvalidParameterError
 
 
-def test_a_bad_setting_is_refused_before_anything_loads(tmp_path):
+@pytest.mark.parametrize("field", ["flash_attn", "cpu_extra_buffers"])
+def test_a_bad_setting_is_refused_before_anything_loads(tmp_path, field):
+    """The llama.cpp settings with auto/on/off values (flash attention, and the extra CPU
+    kernels of test_preflight.py): the API and the command line refuse any other."""
     from edgespec.config import ModelConfig
-    with pytest.raises(InvalidParameterError, match="flash_attn='sometimes' is invalid"):
-        ModelConfig(tmp_path / "x.gguf", flash_attn="sometimes")
+    flag = "--" + field.replace("_", "-")
+    with pytest.raises(InvalidParameterError, match=f"{field}='sometimes' is invalid"):
+        ModelConfig(tmp_path / "x.gguf", **{field: "sometimes"})
     proc = subprocess.run([sys.executable, "-m", "edgespec", "run", "hi", "--target",
-                           str(tmp_path / "x.gguf"), "--flash-attn", "maybe"],
+                           str(tmp_path / "x.gguf"), flag, "maybe"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert "--flash-attn" in proc.stderr and "invalid choice" in proc.stderr
+    assert flag in proc.stderr and "invalid choice" in proc.stderr
 
 
 @pytest.mark.parametrize("mode,built", [("off", "disabled"), ("on", "enabled")])

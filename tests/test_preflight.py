@@ -19,7 +19,7 @@ import pytest
 from edgespec import paths
 from edgespec.backend import preflight
 from edgespec.backend.probe import write_probe_model
-from edgespec.errors import BackendError, InvalidParameterError
+from edgespec.errors import BackendError
 
 # A child that executes an illegal instruction (x86's ud2) from an executable page: a real
 # SIGILL, as llama.cpp's AMX kernel raises on a CPU whose OS has not enabled the tile unit.
@@ -142,17 +142,6 @@ def test_a_cpu_that_faults_even_without_them_is_a_clear_error(fresh, monkeypatch
     with pytest.raises(BackendError, match="even without its extra CPU kernels .*SIGILL.*"
                                            "rebuild it for this machine"):
         preflight.use_extra_buffers(QUANTISED, "auto")
-
-
-def test_the_setting_is_checked_before_anything_loads(tmp_path):
-    from edgespec.config import ModelConfig
-    with pytest.raises(InvalidParameterError, match="cpu_extra_buffers='sometimes' is invalid"):
-        ModelConfig(tmp_path / "x.gguf", cpu_extra_buffers="sometimes")
-    proc = subprocess.run([sys.executable, "-m", "edgespec", "run", "hi", "--target",
-                           str(tmp_path / "x.gguf"), "--cpu-extra-buffers", "maybe"],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert "--cpu-extra-buffers" in proc.stderr and "invalid choice" in proc.stderr
 
 
 def test_the_probe_model_is_a_gguf_that_every_kernel_takes(tmp_path):

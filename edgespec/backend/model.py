@@ -105,7 +105,6 @@ class LlamaModel(HasVocabulary):
         cparams.n_threads = cparams.n_threads_batch = config.n_threads
         cparams.no_perf = True
         # Flash attention (config.FLASH_ATTN): "auto" is llama.cpp's choice (docs/decisions.md)
-        self.flash_attn = config.flash_attn
         cparams.flash_attn_type = _FLASH_ATTN[config.flash_attn]
         # Only where llama.cpp has no device but the CPU: with one, even a model kept on the
         # CPU may have large batches' products run there (op offload), and the tapped tensor
@@ -143,7 +142,7 @@ class LlamaModel(HasVocabulary):
                 "n_ctx": self.n_ctx, "n_ctx_train": self.n_ctx_train,
                 "n_vocab": self.n_vocab, "n_threads": self.n_threads,
                 "n_gpu_layers": self.config.n_gpu_layers,
-                "cpu_extra_buffers": self.extra_buffers, "flash_attn": self.flash_attn}
+                "cpu_extra_buffers": self.extra_buffers, "flash_attn": self.config.flash_attn}
 
     # -- the KV cache (the first sequence's) -----------------------------------------------
 

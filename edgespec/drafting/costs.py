@@ -53,9 +53,9 @@ class Costs:
     busy: bool = False      # measured while the machine was busy: to be measured again
     attention: float = 0.0  # seconds per batch token per context token
     # The draft's step attends to about as long a context (its cells follow the target's):
-    # seconds per context token of a step, measured by the calibration (bare steps after an
-    # empty and a long context: learned from the loop's steps it also took in the loop's
-    # fixed costs per step, which the empty context's figure is not refined with).
+    # seconds per context token of a step. Measured by the calibration with bare steps after
+    # an empty and a long context; the loop's steps carry fixed costs of their own that would
+    # be taken for attention (docs/decisions.md#long-context-drafts).
     draft_attention: float = 0.0
     position: Callable[[], int] = field(default=lambda: 0, repr=False, compare=False)
     # The draft's pass over b streams' single tokens, b >= 2 (their reduced heads' products
@@ -304,8 +304,7 @@ def _fingerprint(model: HiddenStateModel) -> str:
     st = model.path.stat()
     c = model.config
     return f"{model.path.resolve()}|{st.st_size}|{int(st.st_mtime)}|t{c.n_threads}|" \
-           f"ngl{c.n_gpu_layers},fa-{getattr(model, 'flash_attn', c.flash_attn)}" + \
-        (f"@rpc={','.join(c.rpc)}" if c.rpc else "")
+           f"ngl{c.n_gpu_layers},fa-{c.flash_attn}" + (f"@rpc={','.join(c.rpc)}" if c.rpc else "")
 
 
 def _current(key: str, entry) -> bool:
