@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import statistics
 
-from task_ab import answer, task_args
+from task_ab import answer, interleaved, task_args
 
 from edgespec import Engine
-from edgespec.bench.tasks import task_prompts
 from edgespec.drafting.costs import Costs
 from edgespec.drafting.policy import AdaptiveLength
 
@@ -42,14 +41,11 @@ def main() -> None:
         return whole, whole - result.stats.prompt_seconds
 
     tasks = args.tasks.split(",")
-    prompts = task_prompts()
     ratios: dict = {}
     names = ["both", "cap", "neither"]
     try:
-        for task in tasks:
-            for i, prompt in enumerate(prompts[task]):
-                order = ["plain"] + names
-                out = {v: run(prompt, v) for v in (order if i % 2 == 0 else order[::-1])}
+        for task, outs in interleaved(args, ["plain"] + names, run):
+            for out in outs:
                 for v in names:
                     for j, part in enumerate(("whole", "decode")):
                         ratios.setdefault((task, v, part), []).append(

@@ -16,28 +16,26 @@ from __future__ import annotations
 
 import statistics
 
-from task_ab import answer, task_args
+from task_ab import answer, interleaved, task_args
 
 from edgespec import Engine
-from edgespec.bench.tasks import task_prompts
 
 
 def main() -> None:
     args = task_args(__doc__, "smollm2-135m")
     engines = {fa: Engine.load(pair=args.pair, n_ctx=4096, flash_attn=fa) for fa in ("off", "on")}
 
-    def run(prompt, fa: str, speculative: bool):
+    def run(prompt, variant: tuple):
+        fa, speculative = variant
         return answer(engines[fa], prompt, args, speculative)[0]
 
-    tasks = args.tasks.split(",")
-    prompts = task_prompts()
+    variants = [(fa, spec) for fa in ("off", "on") for spec in (False, True)]
     times: dict = {}
     try:
-        for task in tasks:
-            for i, prompt in enumerate(prompts[task]):
-                order = [(fa, spec) for fa in ("off", "on") for spec in (False, True)]
-                for fa, spec in (order if i % 2 == 0 else order[::-1]):
-                    times.setdefault((task, fa, spec), []).append(run(prompt, fa, spec))
+        for task, outs in interleaved(args, variants, run):
+            for out in outs:
+                for fa, spec in variants:
+                    times.setdefault((task, fa, spec), []).append(out[fa, spec])
             row = {}
             for fa in ("off", "on"):
                 plain, spec = times[task, fa, False], times[task, fa, True]

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import statistics
 
-from task_ab import answer, task_args
+from task_ab import answer, interleaved, task_args
 
 from edgespec import Engine
-from edgespec.bench.tasks import task_prompts
+
+# name: (speculative, the draft takes the target's cells)
+VARIANTS = {"plain": (False, True), "copied": (True, True), "read": (True, False)}
 
 
 def main() -> None:
@@ -25,21 +27,18 @@ def main() -> None:
     if not eng._drafting.shares_kv:
         raise SystemExit("this pair's draft is not the target's network: nothing to compare")
 
-    def run(prompt, speculative: bool, share: bool):
+    def run(prompt, name: str):
+        speculative, share = VARIANTS[name]
         eng._drafting.shares_kv = share      # (the drafters are built again with it)
         eng._drafting._by_kind.clear()
         seconds, result = answer(eng, prompt, args, speculative)
         return seconds, result.tokens
 
     tasks = args.tasks.split(",")
-    prompts = task_prompts()
     ratios: dict = {}
     try:
-        for task in tasks:
-            for i, prompt in enumerate(prompts[task]):
-                order = [("plain", False, True), ("copied", True, True), ("read", True, False)]
-                out = {name: run(prompt, spec, share)
-                       for name, spec, share in (order if i % 2 == 0 else order[::-1])}
+        for task, outs in interleaved(args, list(VARIANTS), run):
+            for i, out in enumerate(outs):
                 if not out["copied"][1] == out["plain"][1] == out["read"][1]:
                     print(f"  {task} {i}: a near tie of the target's logits parted an answer")
                 for name in ("copied", "read"):

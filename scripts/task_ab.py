@@ -1,5 +1,6 @@
 """What the interleaved task-bench scripts share (bench_tasks_kv.py, bench_tasks_fa.py,
-bench_long_context_costs.py): their command line and one answer timed whole from cold caches.
+bench_long_context_costs.py): their command line, the prompts' loop with the variants
+interleaved, and one answer timed whole from cold caches.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from edgespec import SamplingParams
 from edgespec.bench.long_prompts import cold
+from edgespec.bench.tasks import task_prompts
 from edgespec.request import GenerationRequest
 
 TASKS = "chat,translation,summarisation,qa,math,long_passage"
@@ -29,6 +31,16 @@ def task_args(doc: str, pair: str) -> argparse.Namespace:
     args = ap.parse_args()
     args.raw = args.pair.startswith("gemma")     # (Gemma-3-270M has no chat template)
     return args
+
+
+def interleaved(args: argparse.Namespace, names: list, run):
+    """Each task of ``args.tasks`` in turn, with one ``{name: run(prompt, name)}`` per prompt of
+    its set: every variant on every prompt, back to back, the order reversed from one prompt to
+    the next."""
+    prompts = task_prompts()
+    for task in args.tasks.split(","):
+        yield task, [{name: run(prompt, name) for name in (names if i % 2 == 0 else names[::-1])}
+                     for i, prompt in enumerate(prompts[task])]
 
 
 def answer(engine, prompt, args: argparse.Namespace, speculative: bool):
