@@ -76,8 +76,10 @@ class StatefulModel(LanguageModel, Protocol):
     # sequence of a context, that context's model (any of its sequences' states).
     state_owner: object
 
-    def save_state(self) -> SavedState:
-        """A copy of what the cache holds now."""
+    def save_state(self, buffer: Optional[Callable[[int], np.ndarray]] = None) -> SavedState:
+        """A copy of what the cache holds now; in ``buffer(size)``, a scratch array of at
+        least ``size`` bytes that its caller reuses, when given and the model can (a copy
+        restored at once), else in new memory."""
 
     def restore_state(self, state: SavedState) -> None:
         """Make the cache hold ``state`` (from :meth:`save_state` on a model of the same

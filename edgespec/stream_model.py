@@ -41,8 +41,8 @@ class StreamModel:
     def truncate(self, n: int) -> None:
         self.seq.truncate(n)
 
-    def save_state(self):
-        return self.seq.save_state()
+    def save_state(self, buffer=None):
+        return self.seq.save_state(buffer)
 
     def restore_state(self, state) -> None:
         self.seq.restore_state(state)

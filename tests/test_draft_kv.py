@@ -65,3 +65,59 @@ def test_the_draft_takes_the_targets_cells_instead_of_reading_the_prompt(smollm2
         again = eng.generate(prompt, max_tokens=32, sampling=GREEDY, raw=True)
         assert again.stats.loop.caught_up > 64 and _reading(eng).taken == 0
         check_greedy_equivalent(smollm2_f32_path, tokens, plain.tokens, again.tokens)
+
+
+def test_a_short_prompt_is_copied_too_and_the_copy_passes_through_one_reused_buffer(
+        smollm2_f32_path, smollm2_q4_path):
+    # A prompt within one catch-up chunk (64 tokens) was read by the draft's first step: a
+    # batch costs a quantised draft as much as the F32 target. The cells are taken instead,
+    # through a buffer the reading keeps from copy to copy.
+    prompt = "The three primary colours of light are red, green and"
+    with Engine.load(target=smollm2_f32_path, draft=smollm2_q4_path, drafter="model",
+                     draft_max=4, n_ctx=2048, cache_ram=0) as eng:
+        tokens = eng.prompt_tokens(prompt, raw=True)
+        assert 4 < len(tokens) < 64
+        plain = eng.generate(prompt, max_tokens=24, sampling=GREEDY, raw=True,
+                             speculative=False)
+        spec = eng.generate(prompt, max_tokens=24, sampling=GREEDY, raw=True)
+        reading = _reading(eng)
+        assert reading.taken >= len(tokens) and spec.stats.loop.caught_up < len(tokens) - 1
+        assert spec.stats.loop.drafted > 0
+        check_greedy_equivalent(smollm2_f32_path, tokens, plain.tokens, spec.tokens)
+        buffer = reading._buffer
+        assert buffer.size > 0
+        again = eng.generate(prompt, max_tokens=24, sampling=GREEDY, raw=True)
+        assert reading._buffer is buffer and again.tokens == spec.tokens
+
+        # The control: without the cells the draft's first step reads the prompt itself.
+        eng._drafting.shares_kv = False
+        eng._drafting._by_kind.clear()
+        eng.draft.truncate(0)
+        read = eng.generate(prompt, max_tokens=24, sampling=GREEDY, raw=True)
+        assert read.stats.loop.caught_up >= len(tokens) - 1 and _reading(eng).taken == 0
+        assert read.tokens == spec.tokens
+
+
+def test_a_saved_state_written_into_a_callers_buffer_restores_the_same_cache(
+        smollm2_f32_path):
+    import numpy as np
+
+    from edgespec.backend.model import LlamaModel
+    from edgespec.config import ModelConfig
+
+    m = LlamaModel(ModelConfig(smollm2_f32_path, n_ctx=512))
+    try:
+        tokens = m.tokenize("Speculative decoding keeps the target's distribution")
+        m.eval(tokens, 1)
+        scratch = np.zeros(1 << 22, dtype=np.uint8)
+        state = m.save_state(lambda size: scratch)
+        assert np.shares_memory(np.asarray(state.data), scratch) and state.nbytes > 0
+        assert scratch[:state.nbytes].any()
+        row = np.array(m.eval(tokens[:1], 1)[0])       # the next pass on those cells
+        m.truncate(0)
+        m.restore_state(state)
+        assert m.tokens == tokens
+        again = m.eval(tokens[:1], 1)[0]
+        assert np.array_equal(np.asarray(again), row)
+    finally:
+        m.close()

@@ -163,10 +163,11 @@ class LlamaModel(HasVocabulary):
         """Keep only the first ``n`` cache positions (``llama_memory_seq_rm``)."""
         self.sequences[0].truncate(n)
 
-    def save_state(self) -> "ModelState":
+    def save_state(self, buffer=None) -> "ModelState":
         """A copy of what the cache holds now (``llama_state_seq_get_data``), for
-        :meth:`restore_state`: the KV cells of ``tokens``, in host memory."""
-        return self.sequences[0].save_state()
+        :meth:`restore_state`: the KV cells of ``tokens``, in host memory (in ``buffer(size)``
+        when given: :meth:`KVSequence.save_state`)."""
+        return self.sequences[0].save_state(buffer)
 
     def restore_state(self, state: "ModelState") -> None:
         """Make the cache hold ``state`` (from :meth:`save_state` on this model) instead of

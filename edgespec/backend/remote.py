@@ -247,8 +247,9 @@ class RemoteModel(HasVocabulary):
         self._call("truncate", n)
         del self.tokens[n:]
 
-    def save_state(self) -> ModelState:
-        """The child's cache contents, copied here (see :meth:`LlamaModel.save_state`)."""
+    def save_state(self, buffer=None) -> ModelState:
+        """The child's cache contents, copied here (see :meth:`LlamaModel.save_state`; they
+        arrive as bytes: ``buffer`` is not used)."""
         if self._proc is None:      # the cache went with the child
             self.tokens = []
             return ModelState((), b"", 0)

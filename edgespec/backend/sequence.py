@@ -12,6 +12,7 @@ Nothing above :mod:`edgespec.backend` sees the id.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Optional
 from typing import Sequence as Seq
 
 import numpy as np
@@ -19,6 +20,7 @@ import numpy as np
 import llama_cpp.llama_cpp as C
 
 from ..errors import BackendError, ContextOverflowError
+from ..hostmem import host_bytes
 
 
 _U8P = C.ctypes.POINTER(C.ctypes.c_uint8)
@@ -83,13 +85,17 @@ class KVSequence:
                     options=("speculative",))
             del self.tokens[n:]
 
-    def save_state(self) -> "ModelState":
-        """A copy of this sequence's cells in host memory (``llama_state_seq_get_data``)."""
+    def save_state(self, buffer: Optional[Callable[[int], np.ndarray]] = None) -> "ModelState":
+        """A copy of this sequence's cells in host memory (``llama_state_seq_get_data``):
+        in a new array, or in ``buffer(size)`` (a reused scratch array of at least ``size``
+        bytes, for a copy restored at once: new memory of tens of MB costs more in page
+        faults than the copy itself, docs/decisions.md)."""
         m = self.model
         with m.lock:
             m.check_open()
             size = C.llama_state_seq_get_size(m.context, self.seq_id)
-            data = np.empty(size, dtype=np.uint8)      # not zeroed first, as a ctypes array is
+            # (not zeroed first, as a ctypes array is)
+            data = host_bytes(size) if buffer is None else buffer(size)
             written = C.llama_state_seq_get_data(m.context, data.ctypes.data_as(_U8P), size,
                                                  self.seq_id)
             if written == 0 and self.tokens:

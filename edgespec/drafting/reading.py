@@ -21,7 +21,10 @@ from __future__ import annotations
 import time
 from typing import Optional, Sequence
 
+import numpy as np
+
 from ..errors import BackendError
+from ..hostmem import host_bytes
 from ..lm import LanguageModel
 from ..prompt_cache import common_prefix
 from .base import Draft
@@ -61,6 +64,9 @@ class Reading:
         # its cells for the context are copied in (:meth:`_take_donors`) instead of read.
         self.donor = donor
         self.taken = 0          # tokens taken from the donor, cumulative
+        # The host buffer the donor's cells pass through, kept from copy to copy: new memory
+        # of tens of MB costs ten to thirty times the copy in page faults (docs/decisions.md).
+        self._buffer = np.empty(0, dtype=np.uint8)
         # Seconds per token of the donor's context to copy its cells (all of them are
         # copied: llama.cpp copies a sequence whole); None until a copy was measured.
         self.take_cost: Optional[float] = None
@@ -136,6 +142,11 @@ class Reading:
         """What the draft's first step evaluates: the tokens of what it reads that its cache
         lacks, the last one at least (the cache is trimmed to leave it out); empty only for
         an empty context."""
+        if self._lag(context) > 1:
+            # A short prompt, or the tokens of plain and n-gram rounds: the target's cells are
+            # taken where copying them costs less than reading (reading a batch costs a
+            # quantised draft as much as the F32 target, ~2.4 ms a token for SmolLM2 Q8_0).
+            self._take_donors(context)
         seen = self._view(context)
         if not seen:
             return seen
@@ -194,25 +205,26 @@ class Reading:
         at another precision: the cells fit, and are the better ones, computed at the target's
         precision); True when the cache then holds all but the last few tokens. The target
         holds the committed context but its last token or two between rounds; a copy costs
-        ~0.07 ms a token (SmolLM2, 2 cores), where reading costs the draft 2 ms a token
-        (docs/decisions.md). Not across vocabularies, nor with a window of the prompt chosen.
+        ~0.005 ms a token through the kept buffer (SmolLM2, 2 cores), where reading costs the
+        draft 2.4 ms a token in a batch, a step for the second of two (docs/decisions.md,
+        "cell-copies"). Not across vocabularies, nor with a window of the prompt chosen.
         A copy llama.cpp refuses turns the donor off: the cache is read as before."""
         donor = self.donor
-        if donor is None or self.translation is not None or self._skip is not None:
+        if donor is None:
             return False
-        held = donor.tokens
-        n = len(held)
-        if n <= len(self.model.tokens) or common_prefix(held, context) < n:
-            return False
-        if self.take_cost is not None and (self.catch_up_cost is not None
-                                           or self.policy.step_seconds() is not None):
-            # A long context a few chunks ahead of the cache (after n-gram rounds) may be
-            # cheaper to read than to copy whole.
-            if n * self.take_cost > self._lag(context) * self._token_seconds():
+        copy = self._copy_seconds(len(donor.tokens))
+        if copy is not None and (self.catch_up_cost is not None
+                                 or self.policy.step_seconds() is not None):
+            # A long context a few tokens or chunks ahead of the cache (after n-gram rounds)
+            # may be cheaper to read than to copy whole.
+            if copy > self._lag(context) * self._token_seconds():
                 return False
+        n = self._donor_holds(context)
+        if n is None:
+            return False
         t0 = time.perf_counter()
         try:
-            self.model.restore_state(donor.save_state())
+            self.model.restore_state(donor.save_state(self._scratch))
         except BackendError:
             self.donor = None
             self.model.truncate(0)
@@ -260,12 +272,20 @@ class Reading:
         return self.policy.catch_up_pays(seconds or 0.0, ahead)
 
     def catch_up_seconds(self, context: Sequence[int]) -> Optional[float]:
-        """What evaluating the context tokens this cache has not seen would cost (None: not
+        """What bringing this cache up to the context would cost: evaluating the tokens it
+        has not seen, or copying the target's cells for them where that is cheaper (None: not
         measured yet, or only a few tokens behind)."""
         lag = self._lag(context)
-        if self.catch_up_cost is None or lag < 4:
+        if lag < 4:
             return None
-        return lag * self.catch_up_cost
+        n = self._donor_holds(context)
+        copy = self._copy_seconds(n) if n is not None else None
+        read = lag * self.catch_up_cost if self.catch_up_cost is not None else None
+        if n is not None and copy is None:
+            return None         # a copy not measured yet: the first one measures it
+        if copy is not None:
+            return copy if read is None else min(read, copy)
+        return read
 
     def tokens_ahead(self, position: int) -> float:
         """How many more tokens this answer is expected to have at ``position`` (a context
@@ -302,6 +322,30 @@ class Reading:
                 if value > best:
                     best, choice = value, (a, b)
         self._skip = choice
+
+    def _scratch(self, size: int) -> np.ndarray:
+        """At least ``size`` bytes for a copy of the donor's cells, reused (grown by a
+        quarter more than asked, so that a growing context seldom allocates again)."""
+        if self._buffer.size < size:
+            self._buffer = host_bytes(size + size // 4)
+        return self._buffer
+
+    def _donor_holds(self, context: Sequence[int]) -> Optional[int]:
+        """How many tokens of the context the target's cache holds beyond this one's, when
+        they can be copied in (None: no donor, none ahead, or a window or another vocabulary
+        read)."""
+        donor = self.donor
+        if donor is None or self.translation is not None or self._skip is not None:
+            return None
+        held = donor.tokens
+        n = len(held)
+        if n <= len(self.model.tokens) or n > len(context) or common_prefix(held, context) < n:
+            return None
+        return n
+
+    def _copy_seconds(self, n: int) -> Optional[float]:
+        """Seconds to copy the target's ``n`` cells (None until a copy was measured)."""
+        return None if self.take_cost is None else n * self.take_cost
 
     def _token_seconds(self) -> float:
         """Seconds to evaluate one context token on the draft: as measured, or a share of a
