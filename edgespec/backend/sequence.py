@@ -20,7 +20,6 @@ import numpy as np
 import llama_cpp.llama_cpp as C
 
 from ..errors import BackendError, ContextOverflowError
-from ..hostmem import host_bytes
 
 
 _U8P = C.ctypes.POINTER(C.ctypes.c_uint8)
@@ -88,14 +87,14 @@ class KVSequence:
     def save_state(self, buffer: Optional[Callable[[int], np.ndarray]] = None) -> "ModelState":
         """A copy of this sequence's cells in host memory (``llama_state_seq_get_data``):
         in a new array, or in ``buffer(size)`` (a reused scratch array of at least ``size``
-        bytes, for a copy restored at once: new memory of tens of MB costs more in page
-        faults than the copy itself, docs/decisions.md)."""
+        bytes, for a copy restored at once: touching new memory of tens of MB can cost more
+        than the copy itself, docs/decisions.md)."""
         m = self.model
         with m.lock:
             m.check_open()
             size = C.llama_state_seq_get_size(m.context, self.seq_id)
             # (not zeroed first, as a ctypes array is)
-            data = host_bytes(size) if buffer is None else buffer(size)
+            data = np.empty(size, dtype=np.uint8) if buffer is None else buffer(size)
             written = C.llama_state_seq_get_data(m.context, data.ctypes.data_as(_U8P), size,
                                                  self.seq_id)
             if written == 0 and self.tokens:

@@ -24,7 +24,6 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ..errors import BackendError
-from ..hostmem import host_bytes
 from ..lm import LanguageModel
 from ..prompt_cache import common_prefix
 from .base import Draft
@@ -64,8 +63,8 @@ class Reading:
         # its cells for the context are copied in (:meth:`_take_donors`) instead of read.
         self.donor = donor
         self.taken = 0          # tokens taken from the donor, cumulative
-        # The host buffer the donor's cells pass through, kept from copy to copy: new memory
-        # of tens of MB costs ten to thirty times the copy in page faults (docs/decisions.md).
+        # The host buffer the donor's cells pass through, kept from copy to copy: touching new
+        # memory of tens of MB cost up to sixty times the copy (docs/decisions.md).
         self._buffer = np.empty(0, dtype=np.uint8)
         # Seconds per token of the donor's context to copy its cells (all of them are
         # copied: llama.cpp copies a sequence whole); None until a copy was measured.
@@ -327,7 +326,7 @@ class Reading:
         """At least ``size`` bytes for a copy of the donor's cells, reused (grown by a
         quarter more than asked, so that a growing context seldom allocates again)."""
         if self._buffer.size < size:
-            self._buffer = host_bytes(size + size // 4)
+            self._buffer = np.empty(size + size // 4, dtype=np.uint8)
         return self._buffer
 
     def _donor_holds(self, context: Sequence[int]) -> Optional[int]:
