@@ -4,11 +4,14 @@ real llama.cpp, the answer the target's own."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from test_real_models import check_greedy_equivalent
 
 from edgespec import Engine, SamplingParams
 from edgespec.backend import same_network
+from edgespec.backend.model import LlamaModel
+from edgespec.config import ModelConfig
 from edgespec.gguf_file import read_gguf
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -100,11 +103,6 @@ def test_a_short_prompt_is_copied_too_and_the_copy_passes_through_one_reused_buf
 
 def test_a_saved_state_written_into_a_callers_buffer_restores_the_same_cache(
         smollm2_f32_path):
-    import numpy as np
-
-    from edgespec.backend.model import LlamaModel
-    from edgespec.config import ModelConfig
-
     m = LlamaModel(ModelConfig(smollm2_f32_path, n_ctx=512))
     try:
         tokens = m.tokenize("Speculative decoding keeps the target's distribution")
