@@ -40,6 +40,12 @@ def _model_row(entry) -> tuple[str, str, str]:
     state = "missing"
     if entry.kind == "hub" and pairs.model_path(entry.name).is_file():
         state = "cached, unverified"
+    parts = entry.wheel_parts
+    if parts is not None:                   # a pull in parts that stopped half-way
+        from .registry.wheels import staged_parts
+        here = staged_parts(pairs.model_path(entry.name), parts)
+        if here:
+            state = f"{here}/{len(parts)} parts"
     return state, _size(approx, approx=not entry.size), entry.origin
 
 
@@ -89,7 +95,44 @@ def cmd_pairs(args) -> int:
 # edgespec pull
 
 
+class _PartsLine:
+    """A file fetched in parts, on one changing stderr line (a terminal only): the part of how
+    many, and the bytes here so far. Other downloads draw their own progress
+    (``show_progress``); every log line goes through :meth:`log`, which clears the line
+    first."""
+
+    def __init__(self) -> None:
+        from .shell import Progress as Line
+        self._line = Line()
+        self._shown = ""
+
+    def __call__(self, p) -> None:
+        from .registry.downloads import human_size
+        if not p.parts or p.verifying:          # assembling it: a log line says so
+            return
+        text = (f"{p.file}: part {p.part} of {p.parts}, {human_size(p.done)} of "
+                f"{human_size(p.total or 0)}…")
+        if text != self._shown:
+            self._shown = text
+            self._line(text)
+
+    def log(self, msg: str) -> None:
+        self._line.clear()
+        _status(msg)
+
+    def done(self) -> None:
+        self._line.done()
+
+
 def cmd_pull(args) -> int:
+    line = _PartsLine()
+    try:
+        return _pull(args, line)
+    finally:
+        line.done()
+
+
+def _pull(args, line: _PartsLine) -> int:
     from .registry import pairs
     show = sys.stderr.isatty()
     for name in args.names:
@@ -109,8 +152,9 @@ def cmd_pull(args) -> int:
             from .registry.hub import stop_log_propagation
             stop_log_propagation()
         if name in reg.pairs and not args.no_check:
-            target, draft, across = pairs.pull_pair(name, show_progress=show, log=_status,
-                                                    require_commit=args.pinned)
+            target, draft, across = pairs.pull_pair(name, show_progress=show, log=line.log,
+                                                    require_commit=args.pinned,
+                                                    progress=line)
             if not args.keep_draft:
                 from .registry.draft_choice import choose_once
                 draft = choose_once(name, target, draft, log=_status)
@@ -125,8 +169,8 @@ def cmd_pull(args) -> int:
             _served(target, draft)
             continue
         for m in models:
-            path = pairs.ensure_model(m.name, show_progress=show, log=_status,
-                                      require_commit=args.pinned)
+            path = pairs.ensure_model(m.name, show_progress=show, log=line.log,
+                                      require_commit=args.pinned, progress=line)
             print(f"{m.name}: {path}")
             if len(models) == 1:
                 _served(path)

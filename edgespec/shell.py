@@ -67,14 +67,15 @@ class Progress:
 
     def __call__(self, msg: str) -> None:
         if not msg.endswith("…"):
-            self._clear()
+            self.clear()
             self.stream.write(msg + "\n")
         elif self.tty and not self._finished:
             self.stream.write("\r\x1b[K" + msg)
             self._open = True
         self.stream.flush()
 
-    def _clear(self) -> None:
+    def clear(self) -> None:
+        """Clear the step line, if one shows (before a line written by someone else)."""
         if self._open:
             self.stream.write("\r\x1b[K")
             self.stream.flush()
@@ -82,7 +83,7 @@ class Progress:
 
     def done(self) -> None:
         """Loading is over: clear the step line (before the answer, or an error, is written)."""
-        self._clear()
+        self.clear()
         self._finished = True
 
 

