@@ -1,9 +1,10 @@
-"""`edgespec bench --prompts tasks`: the prompt set's shape (six tasks, conversations that
+"""`edgespec bench --prompts tasks`: the prompt set's shape (seven tasks, conversations that
 alternate, long passages that are really long in SmolLM2's tokens and still fit a 4096-token
-context with a 64-token answer), its options refused before any model loads, and a small real
-run on the SmolLM2 pair in a real process (what it measures is reported, never asserted: the
-test checks that every task has its row, that the speedups, the oracle and default/oracle agree
-with each other, and that every generation started from cold caches)."""
+context with a 64-token answer, code edits of real-sized files in several languages whose whole
+answer fits beside them), code_edit's token budget, its options refused before any model loads,
+and a small real run on the SmolLM2 pair in a real process (what it measures is reported, never
+asserted: the test checks that every task has its row, that the speedups, the oracle and
+default/oracle agree with each other, and that every generation started from cold caches)."""
 
 from __future__ import annotations
 
@@ -11,19 +12,22 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from edgespec.bench.task_bench import Cell, format_task_report, summarise, task_configs
-from edgespec.bench.tasks import TASKS, as_raw, document, task_prompts
+from edgespec.bench.task_bench import (Cell, edit_budget, format_task_report, limits_note,
+                                       summarise, task_configs)
+from edgespec.bench.tasks import (CODE_EDITS, EDIT_KINDS, LANGUAGES, LAYOUTS, TASKS, CodeEdit,
+                                  as_raw, document, task_prompts)
 
 EDGESPEC = [sys.executable, "-m", "edgespec"]
 
 
-def test_six_tasks_of_three_or_four_prompts_each():
+def test_seven_tasks_of_three_or_four_prompts_each():
     prompts = task_prompts()
     assert tuple(prompts) == TASKS == ("chat", "translation", "summarisation", "qa", "math",
-                                       "long_passage")
+                                       "long_passage", "code_edit")
     assert all(3 <= len(ps) <= 4 for ps in prompts.values())
     flat = [json.dumps(p) for ps in prompts.values() for p in ps]
     assert len(set(flat)) == len(flat)                      # no prompt twice
@@ -37,6 +41,11 @@ def test_six_tasks_of_three_or_four_prompts_each():
                 raw = as_raw(p)
                 assert raw.startswith("User: ") and raw.endswith("\n\nAssistant:")
                 assert all(m["content"] in raw for m in p)
+            elif task == "code_edit":   # raw: the answer's code block opened after the prompt
+                raw = as_raw(p, task)
+                assert raw.startswith(p + "\n\n```") and raw.endswith("\n")
+                assert raw[len(p):].strip() in p.splitlines()     # the file's own fence line
+                assert as_raw(p) == p
             else:
                 assert isinstance(p, str) and p.strip() and as_raw(p) == p
     for i in (1, 2, 3):          # news-style articles of 400-700 words, in every summary prompt
@@ -55,6 +64,68 @@ def test_long_passages_are_1500_to_2500_tokens_and_fit_4096_with_the_answer(smol
             assert 1500 <= count(document(f"long_passage-{i}")) <= 2500
             # the chat template adds a few dozen tokens (a system message, roles): 200 spare
             assert count(prompt) + 200 + 64 <= 4096
+
+
+def test_code_edits_are_200_to_1300_tokens_and_fit_4096_with_their_whole_answer(
+        smollm2_f32_path):
+    from edgespec.backend import VocabOnly
+    with VocabOnly(smollm2_f32_path) as v:
+        def count(text: str, special: bool = True) -> int:
+            return len(v.vocabulary.tokenize(text, add_special=special, parse_special=False))
+        for edit, prompt in zip(CODE_EDITS, task_prompts()["code_edit"]):
+            file_tokens = count(edit.code(), special=False)
+            assert 200 <= file_tokens <= 1300
+            assert count(prompt) < 1500
+            # the chat template's 200 spare, and the whole budget: never cut by the context
+            assert count(prompt) + 200 + edit_budget(file_tokens) <= 4096
+
+
+def test_code_edits_are_real_sized_files_in_three_languages_with_four_kinds_of_edit():
+    prompts = task_prompts()["code_edit"]
+    assert len(prompts) == len(CODE_EDITS) >= 4
+    for edit, prompt in zip(CODE_EDITS, prompts):
+        code = edit.code()
+        assert 60 <= len(code.splitlines()) <= 130
+        assert edit.kind in EDIT_KINDS and edit.layout in LAYOUTS
+        assert edit.language == LANGUAGES[Path(edit.path).suffix]
+        # its packaged file is named by its language, stored as text (no linter reads it)
+        assert edit.source.endswith(Path(edit.path).suffix)
+        # one user message as an editing tool sends it: the file fenced, named, whole
+        assert f"```{edit.language}" in prompt and f"\n{code}\n```" in prompt
+        assert edit.path in prompt and edit.ask in prompt
+        assert prompt.endswith(edit.reply)
+    assert len({edit.language for edit in CODE_EDITS}) >= 3
+    assert len({edit.kind for edit in CODE_EDITS}) >= 4
+    assert len({edit.source for edit in CODE_EDITS}) == len(CODE_EDITS)
+    with pytest.raises(ValueError, match="kind 'poetry' must be one of"):
+        CodeEdit("code_edit-1.py", "app/cache.py", "poetry", "Make it rhyme.")
+
+
+@pytest.mark.parametrize("file_tokens, prompt_tokens, n_ctx, cap, budget", [
+    (800, 0, None, None, 1264),         # 1.5 × 800 + 64
+    (801, 0, None, None, 1266),         # rounded up: 1201.5 -> 1202, + 64
+    (800, 1000, 4096, None, 1264),      # the context holds it
+    (800, 3000, 4096, None, 1096),      # at most what the context has left after the prompt
+    (800, 1000, 4096, 16, 16),          # -n caps it when given
+])
+def test_a_code_edits_budget_is_one_and_a_half_files_and_64_within_the_context(
+        file_tokens, prompt_tokens, n_ctx, cap, budget):
+    assert edit_budget(file_tokens, prompt_tokens, n_ctx, cap) == budget
+
+
+def test_code_edit_budgets_are_reported_beside_the_other_tasks_limit():
+    res = {"tasks": {"qa": {}, "code_edit": {"ended": 3, "prompts": 4}}, "max_tokens": 64,
+           "max_tokens_by_task": {"qa": [64] * 4, "code_edit": [1264, 900, 1500, 1321]},
+           "edit_budget": {"ratio": 1.5, "spare": 64, "cap": None}}
+    assert limits_note(res) == (
+        "up to 64 new tokens; code_edit the whole file back: up to 1.5 × its file's tokens + "
+        "64, within the context (900-1500 new tokens; 3/4 plain answers ended on their own)")
+    del res["tasks"]["qa"]
+    res["edit_budget"]["cap"] = 8
+    res["max_tokens_by_task"]["code_edit"] = [8] * 4
+    assert limits_note(res) == (
+        "the whole file back: up to 1.5 × its file's tokens + 64, at most -n 8, within the "
+        "context (8 new tokens; 3/4 plain answers ended on their own)")
 
 
 def test_the_oracle_is_the_best_other_configuration_per_task():
@@ -106,7 +177,7 @@ def test_task_options_are_refused_before_any_model_loads(tmp_path, args, fragmen
 def test_a_task_run_has_every_tasks_row_from_cold_caches(smollm2_f32_path, smollm2_q4_path):
     proc = subprocess.run(
         EDGESPEC + ["bench", "--target", str(smollm2_f32_path), "--draft", str(smollm2_q4_path),
-                    "--prompts", "tasks", "--tasks", "qa,math", "-n", "4", "--ks", "2",
+                    "--prompts", "tasks", "--tasks", "qa,code_edit", "-n", "4", "--ks", "2",
                     "--json"],
         capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr
@@ -115,8 +186,15 @@ def test_a_task_run_has_every_tasks_row_from_cold_caches(smollm2_f32_path, smoll
     assert res["configs"] == ["plain", "K=2", "adaptive", "ngram", "hybrid"]
     assert res["default"] == "hybrid" and res["pinned"] == ["K=2", "adaptive", "ngram"]
     assert res["max_tokens"] == 4 and res["cold"] and res["warm_runs"] == 0
-    assert set(res["tasks"]) == {"qa", "math"}
-    n = len(task_prompts()["qa"]) + len(task_prompts()["math"])
+    assert list(res["tasks"]) == ["qa", "code_edit"]
+    n = len(task_prompts()["qa"]) + len(CODE_EDITS)
+    # code_edit's budgets, capped by -n for this test: a quick run of the task, its prompts
+    # whole (800-1300 tokens each)
+    assert res["max_tokens_by_task"] == {"qa": [4] * 4, "code_edit": [4] * len(CODE_EDITS)}
+    assert res["edit_budget"] == {"ratio": 1.5, "spare": 64, "cap": 4}
+    assert len(res["file_tokens"]["code_edit"]) == len(CODE_EDITS)
+    for size, f in zip(res["prompt_tokens"]["code_edit"], res["file_tokens"]["code_edit"]):
+        assert 200 <= f < size < 1500
     for task, row in res["tasks"].items():
         assert row["prompts"] == len(task_prompts()[task]) == len(res["prompt_tokens"][task])
         assert row["plain_seconds"] > 0
@@ -133,13 +211,16 @@ def test_a_task_run_has_every_tasks_row_from_cold_caches(smollm2_f32_path, smoll
         # greedy and lossless: every configuration gave the same answers
         assert len(set(row["completion_tokens"].values())) == 1
         assert 0 < row["completion_tokens"]["plain"] <= 4 * row["prompts"]
+        assert 0 <= row["ended"] <= row["prompts"]
     g = res["geomean"]
     assert g["prompts"] == n
     for name in res["configs"][1:]:
         assert g["speedups"][name] == pytest.approx(
             math.sqrt(res["tasks"]["qa"]["speedups"][name]
-                      * res["tasks"]["math"]["speedups"][name]))
+                      * res["tasks"]["code_edit"]["speedups"][name]))
     assert g["default_over_oracle"] == pytest.approx(
         g["speedups"]["hybrid"] / g["oracle"]["speedup"])
     table = format_task_report(res).splitlines()
-    assert [line.split()[0] for line in table[1:4]] == ["qa", "math", "geomean"]
+    assert [line.split()[0] for line in table[1:4]] == ["qa", "code_edit", "geomean"]
+    assert "up to 4 new tokens; code_edit the whole file back" in table[-1]
+    assert "at most -n 4" in table[-1]

@@ -95,9 +95,12 @@ def cmd_tasks(args, sampling: SamplingParams, ks: list[int]) -> int:
         log(f"target {eng.target.path.name}, draft "
             f"{eng.draft.path.name if eng.draft else '-'}, backend {eng.info()['backend']}, "
             f"tasks {', '.join(tasks)}, {mode}")
+        # -n: every answer's limit (64 unless given); code_edit's answers have budgets of their
+        # own (the whole file back), which -n caps only when given
         res = run_task_bench(eng, tasks=tasks,
                              max_tokens=args.max_tokens or 64, sampling=sampling, raw=raw,
-                             ks=ks, repeats=args.repeats, log=log)
+                             ks=ks, repeats=args.repeats, edit_cap=args.max_tokens or None,
+                             log=log)
         res.update(prompt_set="tasks", prompt_mode="raw" if raw else "chat",
                    target=eng.target.path.name, draft=eng.draft.path.name)
     print(json.dumps(res) if args.json else format_task_report(res) + f"\n{mode}")
@@ -163,13 +166,16 @@ def prompt_mode(raw: bool, asked: bool) -> str:
 def build_bench_parser(sub) -> None:
     p = sub.add_parser("bench", help="measure every decoding configuration side by side")
     p.add_argument("--prompts", choices=sorted([*PROMPT_SETS, "tasks"]), default="default",
-                   help="built-in prompt set (default: default); tasks: six kinds of request "
-                        "(chat, translation, summarisation, qa, math, long_passage), each "
-                        "answer timed whole, prompt included, from cold caches")
+                   help="built-in prompt set (default: default); tasks: seven kinds of "
+                        "request (chat, translation, summarisation, qa, math, long_passage, "
+                        "code_edit), each answer timed whole, prompt included, from cold "
+                        "caches")
     p.add_argument("--tasks", metavar="T[,T…]",
-                   help="with --prompts tasks: only these tasks (default: all six)")
+                   help="with --prompts tasks: only these tasks (default: all seven)")
     p.add_argument("--max-tokens", "-n", type=int, default=None,
-                   help="tokens per answer (default 128; 64 with --prompts tasks)")
+                   help="tokens per answer (default 128; 64 with --prompts tasks, where "
+                        "code_edit's answers, the whole file back, have budgets of their own, "
+                        "capped by -n only when it is given)")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--ks", help="pinned draft lengths to compare (default 2,4,8,16; 2,4,8 with "
                                "--prompts tasks)")

@@ -3,11 +3,16 @@
 Tokens per second of decoding flatter speculation on requests whose prompt is most of the
 work (a long passage to read, an article to summarise): a draft model has its prompt to read
 too. This measures what a user waits for: the wall time of the whole answer, the prompt's
-evaluation included, for the six tasks of :mod:`.tasks`, every generation from cold caches:
+evaluation included, for the seven tasks of :mod:`.tasks`, every generation from cold caches:
 :func:`~.long_prompts.cold` on every Engine (no prompt cache, nothing of an earlier generation
 in either model's KV cache or the draft head), and a suffix index of its own, new and empty
 (an ``index_key`` no other generation has: no n-gram drafts from earlier answers,
 :mod:`edgespec.drafting.suffix`).
+
+Answers are cut at ``max_tokens`` (``-n``, 64 by default), but for ``code_edit``, whose answer is
+the whole file it was given: each of its answers may run to :func:`edit_budget` new tokens,
+1.5 times its file's tokens and 64 more, within what the context has left after the prompt (and
+at most ``-n`` when one was given: ``edit_cap``), so that it ends on its own.
 
 Configurations (:func:`~.runner.make_configs`, one Engine each on the shared models,
 :func:`~.runner.config_engines`): ``plain``; the draft length pinned to each ``--ks``;
@@ -33,7 +38,11 @@ from ..errors import EdgespecError
 from ..request import GenerationRequest
 from .long_prompts import cold
 from .runner import Config, config_engines, make_configs
-from .tasks import TASKS, as_raw, task_prompts
+from .tasks import CODE_EDITS, TASKS, as_raw, task_prompts
+
+# code_edit's budget: its file's tokens times EDIT_RATIO, plus EDIT_SPARE (edit_budget)
+EDIT_RATIO = 1.5
+EDIT_SPARE = 64
 
 
 @dataclass
@@ -45,10 +54,12 @@ class Cell:
     tokens: int = 0
     drafted: int = 0
     accepted: int = 0
+    ended: int = 0          # answers that ended on their own, before their token limit
 
-    def add(self, stats, wall: float) -> None:
+    def add(self, stats, wall: float, ended: bool = False) -> None:
         self.runs += 1
         self.seconds += wall
+        self.ended += ended
         self.tokens += stats.completion_tokens
         self.drafted += stats.drafted
         self.accepted += stats.accepted
@@ -57,6 +68,18 @@ class Cell:
 def geomean(xs: list[float]) -> Optional[float]:
     xs = [x for x in xs if x is not None]
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs and min(xs) > 0 else None
+
+
+def edit_budget(file_tokens: int, prompt_tokens: int = 0, n_ctx: Optional[int] = None,
+                cap: Optional[int] = None) -> int:
+    """The most new tokens a ``code_edit`` answer may take: ``EDIT_RATIO`` (1.5) times its
+    file's tokens, rounded up, plus ``EDIT_SPARE`` (64): room for the edit (comments, type
+    hints, a longer name) and the code block's fences; at most what a context of ``n_ctx``
+    has left after the prompt, and at most ``cap`` (``-n``), when given."""
+    budget = math.ceil(EDIT_RATIO * file_tokens) + EDIT_SPARE
+    if n_ctx is not None:
+        budget = min(budget, n_ctx - prompt_tokens)
+    return budget if cap is None else min(budget, cap)
 
 
 def task_configs(ks: list[int]) -> tuple[list[Config], str]:
@@ -71,9 +94,11 @@ def task_configs(ks: list[int]) -> tuple[list[Config], str]:
 
 def run_task_bench(engine, *, tasks: tuple = TASKS, max_tokens: int,
                    sampling: SamplingParams, raw: bool, ks: list[int], repeats: int = 1,
-                   log=print) -> dict:
+                   edit_cap: Optional[int] = None, log=print) -> dict:
     """Every prompt of ``tasks`` decoded by every configuration, ``repeats`` times, each
-    generation timed whole from cold caches; the per-task table (:func:`summarise`)."""
+    generation timed whole from cold caches; the per-task table (:func:`summarise`).
+    ``max_tokens``: every answer's limit but ``code_edit``'s, which is :func:`edit_budget`
+    (at most ``edit_cap`` when given)."""
     if engine.draft is None:
         raise EdgespecError("--prompts tasks compares drafters, the draft model's among them: "
                             "load a draft model (--draft, or a --pair), with a drafter that "
@@ -82,13 +107,30 @@ def run_task_bench(engine, *, tasks: tuple = TASKS, max_tokens: int,
         sampling = sampling.replace(seed=1234)      # every configuration, the same answer
     configs, default = task_configs(ks)
     all_prompts = task_prompts()
-    items = [(task, as_raw(p) if raw else p) for task in tasks for p in all_prompts[task]]
+    items = [(task, as_raw(p, task) if raw else p) for task in tasks
+             for p in all_prompts[task]]
     sizes = [len(engine.prompt_tokens(p, raw=raw)) for _, p in items]
-    if max(sizes) + max_tokens > engine.n_ctx:
-        need = max(sizes) + max_tokens
-        raise EdgespecError(f"--prompts tasks needs a context of {need} tokens (its longest "
-                            f"prompt, {max(sizes)}, and {max_tokens} new ones); this one holds "
-                            f"{engine.n_ctx}: load with --ctx-size {-(-need // 1024) * 1024}",
+    # code_edit's answers: the whole file back, each with a budget of its own
+    edits = iter(CODE_EDITS)        # in its prompts' order
+    file_tokens = [len(engine.tokenize(next(edits).code(), add_special=False))
+                   if task == "code_edit" else None for task, _ in items]
+    limits, short = [], []        # short: (prompt, new tokens wanted) the context cannot hold
+    for size, f in zip(sizes, file_tokens):
+        if f is None:
+            limits.append(max_tokens)
+            least = want = max_tokens
+        else:           # a code edit needs room for its file back, at least (or for the cap)
+            limits.append(edit_budget(f, size, engine.n_ctx, edit_cap))
+            least = f if edit_cap is None else min(f, edit_cap)
+            want = edit_budget(f, cap=edit_cap)
+        if size + least > engine.n_ctx:
+            short.append((size, want))
+    if short:
+        size, want = max(short, key=sum)
+        need = size + want
+        raise EdgespecError(f"--prompts tasks needs a context of {need} tokens (a prompt of "
+                            f"{size} and {want} new ones); this one holds {engine.n_ctx}: "
+                            f"load with --ctx-size {-(-need // 1024) * 1024}",
                             options=("n_ctx",))
     engines = config_engines(engine, configs)
     every = [engine, *engines.values()]
@@ -115,15 +157,17 @@ def run_task_bench(engine, *, tasks: tuple = TASKS, max_tokens: int,
     warm = 0          # generations that found part of their prompt cached (expected: none)
     try:
         for r in range(repeats):
-            for j, ((task, prompt), size) in enumerate(zip(items, sizes)):
+            for j, ((task, prompt), size, limit) in enumerate(zip(items, sizes, limits)):
                 s = sampling if sampling.greedy else sampling.replace(seed=sampling.seed + j)
                 shift = (j + r) % len(configs)
                 walls = {}
                 for c in configs[shift:] + configs[:shift]:
-                    out, walls[c.name] = generate(c, prompt, max_tokens, s)
+                    out, walls[c.name] = generate(c, prompt, limit, s)
                     warm += out.stats.prompt_tokens_evaluated < size
-                    cells[task][c.name].add(out.stats, walls[c.name])
-                log(f"  {task} ({size}-token prompt)"
+                    cells[task][c.name].add(out.stats, walls[c.name],
+                                            out.finish_reason == "stop")
+                log(f"  {task} ({size}-token prompt"
+                    + (f", up to {limit} new" if limit != max_tokens else "") + ")"
                     + (f", repeat {r + 1}" if repeats > 1 else "") + ": plain "
                     f"{walls['plain']:.2f} s; " + ", ".join(
                         f"{c.name} {walls['plain'] / walls[c.name]:.2f}x" for c in configs[1:]))
@@ -131,10 +175,15 @@ def run_task_bench(engine, *, tasks: tuple = TASKS, max_tokens: int,
         for e in every:
             cold(e)
     res = summarise(cells, configs, default)
+
+    def per_task(values: list) -> dict:
+        return {t: [v for (task, _), v in zip(items, values) if task == t] for t in tasks}
     res.update(max_tokens=max_tokens, repeats=repeats, temperature=sampling.temperature,
-               prompt_tokens={t: [n for (task, _), n in zip(items, sizes) if task == t]
-                              for t in tasks},
+               prompt_tokens=per_task(sizes), max_tokens_by_task=per_task(limits),
                cold=warm == 0, warm_runs=warm)
+    if "code_edit" in tasks:
+        res.update(file_tokens={"code_edit": per_task(file_tokens)["code_edit"]},
+                   edit_budget={"ratio": EDIT_RATIO, "spare": EDIT_SPARE, "cap": edit_cap})
     return res
 
 
@@ -151,7 +200,8 @@ def _row(cells: dict, configs: list[Config], default: str, pinned: list[str]) ->
             "speedups": speedups, "oracle": {"config": best, "speedup": oracle},
             "default_over_oracle": speedups[default] / oracle if oracle else None,
             "default_acceptance": d.accepted / d.drafted if d.drafted else None,
-            "completion_tokens": {c.name: cells[c.name].tokens for c in configs}}
+            "completion_tokens": {c.name: cells[c.name].tokens for c in configs},
+            "ended": plain.ended}
 
 
 def summarise(cells: dict, configs: list[Config], default: str) -> dict:
@@ -203,7 +253,26 @@ def format_task_report(res: dict) -> str:
         "task; "
         f"dflt/orc: the default's ({res['default']}*) speedup over the oracle's; accept: the "
         "default's acceptance (-: it drafted nothing)",
-        f"{res['geomean']['prompts']} answers per configuration, up to {res['max_tokens']} "
-        f"new tokens, temperature {res['temperature']}, {cold_note}",
+        f"{res['geomean']['prompts']} answers per configuration, {limits_note(res)}, "
+        f"temperature {res['temperature']}, {cold_note}",
     ]
     return "\n".join(lines)
+
+
+def limits_note(res: dict) -> str:
+    """The answers' token limits, in words: ``-n`` for every task but ``code_edit``, whose
+    budgets (:func:`edit_budget`) are given as their range, with how many of its plain answers
+    ended on their own."""
+    others = [t for t in res["tasks"] if t != "code_edit"]
+    notes = [f"up to {res['max_tokens']} new tokens"] if others else []
+    edit = res.get("edit_budget")
+    if "code_edit" in res["tasks"] and edit:
+        b = res["max_tokens_by_task"]["code_edit"]
+        row = res["tasks"]["code_edit"]
+        notes.append(
+            f"{'code_edit ' if others else ''}the whole file back: up to {edit['ratio']:g} × "
+            f"its file's tokens + {edit['spare']}"
+            + (f", at most -n {edit['cap']}" if edit["cap"] is not None else "")
+            + f", within the context ({min(b)}{'' if min(b) == max(b) else f'-{max(b)}'} "
+            f"new tokens; {row['ended']}/{row['prompts']} plain answers ended on their own)")
+    return "; ".join(notes)

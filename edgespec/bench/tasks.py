@@ -1,5 +1,5 @@
-"""The ``tasks`` prompt set of ``edgespec bench``: six kinds of request as people send them
-(original texts, written for this project; no public benchmark's text).
+"""The ``tasks`` prompt set of ``edgespec bench``: seven kinds of request as people send them
+(original texts and code, written for this project; no public benchmark's text).
 
 - ``chat``: a conversation of three earlier exchanges, then a new user turn (chat messages);
 - ``translation``: a paragraph from French, German or Spanish into English, or English into
@@ -9,22 +9,33 @@
 - ``math``: grade-school word problems, answered with steps;
 - ``long_passage``: a question about a long text of ~1,800 tokens (an invented incident
   review, a story, a monitoring report: ``data/long_passage-*.txt``), which fits a 4096-token
-  context with room for the answer.
+  context with room for the answer;
+- ``code_edit``: a source file of 60-130 lines (Python, JavaScript, Go, shell:
+  ``data/code_edit-N.EXT.txt``, stored as text so that no linter or test reads them as the
+  project's code) and an edit to make in it (rename, comment every function, change a
+  behaviour, add type hints), laid out as an editing tool sends it (:data:`LAYOUTS`: aider's
+  file name above the fenced file, Continue's name in the fence, a shell tool's instruction
+  first), asking for the whole updated file back. Its answers copy most of their prompt and
+  are timed whole: the task bench gives each one a budget of its own
+  (:func:`~.task_bench.edit_budget`).
 
 Every prompt but ``chat``'s is one user message (text); in raw mode (``--raw``, or a model
-without a chat template) the texts are continued as-is and a conversation is joined as
-plain text (:func:`as_raw`).
+without a chat template) the texts are continued as-is, a code edit with the answer's code
+block opened after it, and a conversation is joined as plain text (:func:`as_raw`).
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from importlib import resources
+from pathlib import PurePosixPath
 from typing import Union
 
 Messages = list[dict]
 Prompt = Union[str, Messages]
 
-TASKS = ("chat", "translation", "summarisation", "qa", "math", "long_passage")
+TASKS = ("chat", "translation", "summarisation", "qa", "math", "long_passage", "code_edit")
 
 
 def _conversation(*turns: str) -> Messages:
@@ -202,6 +213,76 @@ _PASSAGE_ASKS = [
 ]
 
 
+# The kinds of code edit people ask for; each code_edit prompt is one of them.
+EDIT_KINDS = ("rename", "docstrings", "behaviour", "type_hints", "extract_helper")
+
+# A fenced block's language, by the file's extension.
+LANGUAGES = {".py": "python", ".js": "javascript", ".ts": "typescript", ".go": "go",
+             ".sh": "bash", ".sql": "sql", ".rs": "rust", ".java": "java", ".c": "c"}
+
+# How editing tools lay out one file and an instruction in a user message: aider (the file's
+# path on the line above its fenced block), Continue (the path in the fence's info string),
+# a shell tool piping a file to a model (the instruction first).
+LAYOUTS = {
+    "aider": "{path}\n```{lang}\n{code}\n```\n\n{ask}\n\n{reply}",
+    "continue": "```{lang} {path}\n{code}\n```\n\n{ask} {reply}",
+    "shell": "{ask}\n\n{path}:\n```{lang}\n{code}\n```\n\n{reply}",
+}
+
+
+@dataclass(frozen=True)
+class CodeEdit:
+    """One ``code_edit`` prompt: the packaged source ``data/{source}.txt``, shown as ``path``,
+    with an instruction (``ask``) of one of :data:`EDIT_KINDS`, laid out as :data:`LAYOUTS`'
+    ``layout``, ending with ``reply``: the whole file back."""
+
+    source: str
+    path: str
+    kind: str
+    ask: str
+    layout: str = "aider"
+    reply: str = "Reply with the whole updated file in one code block, nothing else."
+
+    def __post_init__(self):
+        if self.kind not in EDIT_KINDS or self.layout not in LAYOUTS:
+            raise ValueError(f"{self.source}: kind {self.kind!r} must be one of {EDIT_KINDS}, "
+                             f"layout {self.layout!r} one of {tuple(LAYOUTS)}")
+
+    @property
+    def language(self) -> str:
+        suffix = PurePosixPath(self.path).suffix
+        return LANGUAGES.get(suffix, suffix.lstrip("."))
+
+    def code(self) -> str:
+        return document(self.source)
+
+    def prompt(self) -> str:
+        return LAYOUTS[self.layout].format(path=self.path, lang=self.language, code=self.code(),
+                                           ask=self.ask, reply=self.reply)
+
+
+CODE_EDITS = [
+    CodeEdit("code_edit-1.py", "app/cache.py", "type_hints",
+             "Add type hints to every function and method in this file, in modern syntax "
+             "(built-in generics, `X | None`, `from __future__ import annotations` at the "
+             "top). Don't change any behaviour."),
+    CodeEdit("code_edit-2.js", "src/notes.js", "behaviour",
+             "Add a `maxBodyBytes` option to `createHandler`, defaulting to 64 KiB, and pass it "
+             "to `readJson`. When a request body is larger than that, stop reading and answer "
+             "413 with `{ error: 'request body too large (limit N bytes)' }`, N being the "
+             "limit.", layout="continue",
+             reply="Give me the whole updated file in one code block and nothing else."),
+    CodeEdit("code_edit-3.go", "cmd/logstat/main.go", "rename",
+             "Rename the type `tally` to `levelCounts` and `newTally` to `newLevelCounts` "
+             "everywhere in this file.", layout="shell",
+             reply="Output the complete updated file in a single code block, with no "
+                   "explanation."),
+    CodeEdit("code_edit-4.sh", "scripts/backup.sh", "docstrings",
+             "Add a short comment above every function saying what it does and which "
+             "arguments it takes. Leave the code itself as it is."),
+]
+
+
 def document(name: str) -> str:
     """A packaged text (``edgespec/bench/data/NAME.txt``)."""
     return (resources.files(__package__) / "data" / f"{name}.txt").read_text("utf-8").strip()
@@ -219,14 +300,21 @@ def task_prompts() -> dict[str, list[Prompt]]:
         "math": list(_MATH),
         "long_passage": [ask.format(document(f"long_passage-{i + 1}"))
                          for i, ask in enumerate(_PASSAGE_ASKS)],
+        "code_edit": [edit.prompt() for edit in CODE_EDITS],
     }
 
 
-def as_raw(prompt: Prompt) -> str:
-    """A prompt as plain text to continue: text as-is; a conversation as its turns, each
-    under its speaker's name, ending where the assistant's answer starts."""
+_FENCE = re.compile(r"^```[^\n`]*$", re.M)
+
+
+def as_raw(prompt: Prompt, task: str = "") -> str:
+    """A prompt as plain text to continue: text as-is; a ``code_edit`` prompt followed by the
+    answer's code block opened as the file's was (its first fence line), so that the
+    continuation is the updated file; a conversation as its turns, each under its speaker's
+    name, ending where the assistant's answer starts."""
     if isinstance(prompt, str):
-        return prompt
+        fence = _FENCE.search(prompt) if task == "code_edit" else None
+        return f"{prompt}\n\n{fence.group(0)}\n" if fence else prompt
     names = {"user": "User", "assistant": "Assistant", "system": "System"}
     turns = [f"{names.get(m['role'], m['role'])}: {m['content']}" for m in prompt]
     return "\n\n".join(turns + ["Assistant:"])
