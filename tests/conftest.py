@@ -57,8 +57,21 @@ def minilm_path() -> Path:
     return _real("all-minilm-l6-v2-f16")
 
 
+@pytest.fixture(scope="session")
+def qwen_target_path() -> Path:
+    """Qwen2.5-Coder-1.5B-Instruct Q4_K_M: the target of the real large/small pair."""
+    return _real("qwen2.5-coder-1.5b-instruct-q4_k_m")
+
+
+@pytest.fixture(scope="session")
+def qwen_draft_path() -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct Q4_K_M: its draft."""
+    return _real("qwen2.5-coder-0.5b-instruct-q4_k_m")
+
+
 MODEL_FIXTURES = {"smollm2_q4_path", "smollm2_f32_path", "smollm2_f16_path", "smollm2_q2k_path",
-                  "gemma_q4_path", "gemma_f32_path", "minilm_path"}
+                  "gemma_q4_path", "gemma_f32_path", "minilm_path", "qwen_target_path",
+                  "qwen_draft_path"}
 
 
 def pytest_collection_modifyitems(items):
