@@ -121,6 +121,9 @@ class _Recorder:
     def extension_for(self, confidence, room):
         return room
 
+    def length_for(self, confidence, k_max, slow_start=False):
+        return 0            # as a pinned length: the plan is the draft's length
+
     def observe(self, k, n, *args, **kwargs):
         self.observed.append((k, n))
 
@@ -582,3 +585,28 @@ def test_saving_scales_with_the_acceptance_kept():
     assert whole > window > 0
     assert pol.saving(600) == pytest.approx(2 * whole)
     assert pol.saving(0) == 0.0 and pol.saving(300, keep=0.1) == 0.0
+
+
+def test_a_context_match_drafts_as_far_as_matches_of_its_length_have_paid():
+    """The n-gram draft's length follows the match found, not one plan for every match: a
+    kind of match never tried is probed with 4 tokens, then 8, 16… as its drafts are accepted;
+    once 2-token matches have been rejected they draft nothing while 8-token ones (a file
+    being copied) draft long — past a plan of none."""
+    from edgespec.drafting.ngram import match_confidence
+    costs = Costs({1: 0.078, 2: 0.119, 3: 0.145, 5: 0.199, 9: 0.271, 17: 0.360, 33: 0.451},
+                  0.0)       # Qwen2.5-Coder-1.5B Q4_K_M on 2 cores: passes of n rows
+    pol = AdaptiveLength(costs)
+    drafter = NgramDrafter(pol)
+    text = list(range(100, 200))
+    long_ctx = text + [7] + text[:8]        # the last 8 tokens occur earlier: copy on
+    short_ctx = [1, 2, 3, 4] + text[:40] + [9, 1, 2]    # only a 2-token match
+    rng = np.random.default_rng(0)
+    assert drafter.plan() > 0
+    assert len(drafter.draft(long_ctx, 60, GREEDY, rng, lambda: False).x) == 4
+    for _ in range(3):          # 8-token matches accepted whole, 2-token ones rejected
+        pol.observe(16, 16, [match_confidence(8)] * 16, [], 0.3)
+        pol.observe(4, 0, [match_confidence(2)] * 4, [], 0.2)
+    pol._planned = 0
+    d = drafter.draft(long_ctx, 60, GREEDY, rng, lambda: False)
+    assert drafter.long_match and len(d.x) >= 16 and d.x == text[8:8 + len(d.x)]
+    assert drafter.draft(short_ctx, 60, GREEDY, rng, lambda: False).x == []

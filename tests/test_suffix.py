@@ -8,6 +8,7 @@ import openai
 import pytest
 
 from edgespec import Engine, SamplingParams
+from edgespec.drafting.ngram import match_confidence
 from edgespec.drafting.suffix import SuffixIndex, SuffixIndexes
 
 from server_helpers import ServerProcess, stop_checked
@@ -125,8 +126,9 @@ def _ngram_over(index, plan_k: int):
 def test_a_long_match_of_an_earlier_request_drafts_past_the_plan():
     """Learned on the context's short matches, the n-gram policy plans 2 tokens a round; an
     earlier answer the context matches for 20 tokens drafts as far as matches that long have
-    paid (none seen yet: as far as an optimistic prior says), a 5-token one keeps to the plan,
-    and once long matches have been rejected the draft is short again."""
+    paid (none seen yet: as far as an optimistic prior says), and so does a 5-token one until
+    matches of its length have been rejected, then it keeps to the plan; once long matches
+    have been rejected their draft is short again."""
     import numpy as np
     earlier = list(range(1000, 1100))
     idx = SuffixIndex()
@@ -136,7 +138,12 @@ def test_a_long_match_of_an_earlier_request_drafts_past_the_plan():
     d = drafter.draft([7] + earlier[:20], 60, GREEDY, rng, lambda: False)
     assert drafter.long_match and len(d.x) > 10 and d.x == earlier[20:20 + len(d.x)]
     d = drafter.draft([7, 8, 9] + earlier[15:20], 60, GREEDY, rng, lambda: False)
-    assert not drafter.long_match and d.x == earlier[20:22]       # the plan's 2
+    assert drafter.long_match and d.x == earlier[20:24]    # a 5-token match: a first probe
+    for _ in range(30):          # 5-token matches' drafts rejected at their first token
+        pol.observe(8, 0, [match_confidence(5)] * 8, [], 0.03)
+    drafter._planned = 2
+    d = drafter.draft([7, 8, 9] + earlier[15:20], 60, GREEDY, rng, lambda: False)
+    assert not drafter.long_match and len(d.x) <= 2      # the plan at most
     for _ in range(30):          # long matches' drafts rejected at their first token
         pol.observe(8, 0, [0.75] * 8, [], 0.03)
     drafter._planned = 2

@@ -52,10 +52,12 @@ class LengthPolicy(Protocol):
         """Before drawing draft token ``i`` (0-based) whose distribution has this confidence
         (the draft's top probability; ``None`` when not measured)."""
 
-    def length_for(self, confidence: float, k_max: int) -> int:
+    def length_for(self, confidence: float, k_max: int, slow_start: bool = False) -> int:
         """How many tokens a free draft of this ``confidence`` (an n-gram match's length,
         :func:`~.ngram.match_confidence`) is worth, up to ``k_max``, whatever this round's
-        plan: 0 when none (a pinned length: always 0, the plan is the user's)."""
+        plan: 0 when none (a pinned length: always 0, the plan is the user's). ``slow_start``:
+        while drafts of this confidence have little evidence, 4, 8, 16… tokens as it comes
+        in, rather than what the optimistic prior says."""
 
     def extension_for(self, confidence: float, room: int) -> int:
         """How many tokens of a match's continuation (of this ``confidence``) to append to
@@ -116,7 +118,7 @@ class FixedLength:
     def keep_drafting(self, i: int, confidence: Optional[float]) -> bool:
         return confidence is None or confidence >= self.p_min
 
-    def length_for(self, confidence: float, k_max: int) -> int:
+    def length_for(self, confidence: float, k_max: int, slow_start: bool = False) -> int:
         return 0        # the length is the user's: no match drafts past it
 
     def extension_for(self, confidence: float, room: int) -> int:
@@ -230,6 +232,9 @@ class AdaptiveLength:
     def __post_init__(self) -> None:
         self._pos = _Decayed(self.k_max, strength=8.0)
         self._conf = _Decayed(self._n_bins, strength=2.0)
+        # Whether a draft's first token was accepted, per confidence bin (free drafts'
+        # lengths, :meth:`length_for`).
+        self._first = _Decayed(self._n_bins, strength=2.0)
 
     # -- the model ------------------------------------------------------------------------
 
@@ -284,9 +289,11 @@ class AdaptiveLength:
         self._probing = False
         return k, float(rate[k])
 
+    def _bin(self, confidence: float) -> int:
+        return min(int(confidence * self._n_bins), self._n_bins - 1)
+
     def _acceptance_at(self, confidence: float) -> float:
-        b = min(int(confidence * self._n_bins), self._n_bins - 1)
-        return float(self._conf.rates(1.0, z=self.z)[b])
+        return float(self._conf.rates(1.0, z=self.z)[self._bin(confidence)])
 
     # -- the policy -----------------------------------------------------------------------
 
@@ -351,18 +358,34 @@ class AdaptiveLength:
         self._reach = reach
         return True
 
-    def length_for(self, confidence: float, k_max: int) -> int:
+    def length_for(self, confidence: float, k_max: int, slow_start: bool = False) -> int:
         """The draft length that pays best for a free draft (no draft steps: an n-gram
         match's continuation) each of whose tokens is accepted at the rate drafts of this
         ``confidence`` have been: the verify pass's rows against the tokens expected, at most
         ``k_max``; 0 where none beats plain decoding. Not with other streams (their batch
-        is planned together: :attr:`joint`)."""
+        is planned together: :attr:`joint`). ``slow_start``: at most 4 << (the tokens of
+        this confidence tested so far), so that a kind of match never tried costs a short
+        probe (a 33-row pass costs ~6 one-row passes on a 2-core CPU), not a long one."""
         k_max = min(k_max, self.k_max)
         if self.joint is not None or k_max <= 0:
             return 0
-        a = min(MAX_ACCEPTANCE, self._acceptance_at(confidence))
-        rate = self._rates_by_length(np.full(k_max, a), 0.0)
+        # A copy is accepted all or nothing more often than token by token (a file being
+        # edited: measured, half of the 2-token matches' drafts are rejected at once, the
+        # other half run 17 tokens on average): the first token at the rate of drafts of
+        # this confidence, each later one at the rate drafts have gone on once started.
+        first = min(MAX_ACCEPTANCE, float(self._first.rates(1.0, z=self.z)[self._bin(
+            confidence)]))
+        # Positions past the deepest one tested go on at its rate, not at the pooled one (a
+        # run that got that far is a copy that seldom breaks there).
+        pos = self.position_rates()
+        tested = np.flatnonzero(self._pos.tested >= 1.0)
+        if tested.size:
+            pos[tested[-1] + 1:] = np.maximum(pos[tested[-1] + 1:], pos[tested[-1]])
+        later = np.minimum(pos[1:k_max], self._acceptance_at(confidence))
+        rate = self._rates_by_length(np.concatenate(([first], later)), 0.0)
         k = int(np.argmax(rate))
+        if slow_start:
+            k = min(k, 4 << min(int(self._conf.tested[self._bin(confidence)]), 8))
         return k if rate[k] >= rate[0] * (1 + self.margin) else 0
 
     def extension_for(self, confidence: float, room: int) -> int:
@@ -391,10 +414,17 @@ class AdaptiveLength:
         return self.costs.draft_step()
 
     def catch_up_pays(self, seconds: float, tokens_ahead: float) -> bool:
-        """At the rate of the K :meth:`best` chooses (a probe's, while probing)."""
+        """At the rate of the K :meth:`best` chooses (a probe's, while probing, where catching
+        up is cheap). A probe's optimism does not pay for reading a prompt: that costs a
+        second or more (Qwen2.5-Coder-0.5B reads 4.4 ms a token on 2 cores, a 350-token chat
+        history 1.5 s, where the 1.5B target decodes a token in 81 ms) and a probe is a bet
+        on thin evidence, so a catch-up above a plain pass's cost must pay at today's
+        estimates (:meth:`saving`)."""
         k, rate = self.best()
         if k == 0:
             return False
+        if self._probing and seconds > self.costs.pass_seconds(1):
+            return self.saving(tokens_ahead) > seconds
         return tokens_ahead * (self.costs.pass_seconds(1) - 1.0 / rate) > seconds
 
     def saving(self, tokens_ahead: float, keep: float = 1.0) -> float:
@@ -426,7 +456,10 @@ class AdaptiveLength:
             self._pos.add(min(i, self.k_max - 1), i < n)
         for i, c in enumerate(confidences[:min(k, n + 1)]):
             if c is not None:
-                self._conf.add(min(int(c * self._n_bins), self._n_bins - 1), i < n)
+                self._conf.add(self._bin(c), i < n)
+        if k and confidences and confidences[0] is not None:
+            self._first.age(decay)
+            self._first.add(self._bin(confidences[0]), n > 0)
         self._rounds += 1
         # A round planned to draft counts towards the slow start even when the confidence
         # gate cut it to nothing: that is evidence about the gate, not a plain-decoding
