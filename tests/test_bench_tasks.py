@@ -157,6 +157,24 @@ def test_the_oracle_is_the_best_other_configuration_per_task():
     assert [line.split()[0] for line in table[1:4]] == ["qa", "math", "geomean"]
     assert "K=2 2.00" in table[1] and table[2].endswith("-")
     assert "cold caches" in table[-1]
+    # where the time went: a row per task under its own header
+    at = next(i for i, line in enumerate(table) if line.startswith("where the time went"))
+    assert "hybrid* tok/s" in table[at + 1]
+    assert [line.split()[0] for line in table[at + 2:at + 4]] == ["qa", "math"]
+
+
+def test_where_the_time_went_is_each_parts_share_of_the_whole_answers():
+    class S:        # a generation's stats, as the bench reads them
+        completion_tokens, drafted, accepted = 50, 40, 30
+        prompt_seconds, draft_seconds, verify_seconds = 1.0, 0.5, 2.0
+        decode_seconds, python_seconds = 2.8, 0.3
+    c = Cell()
+    c.add(S, 4.0)
+    c.add(S, 4.0)
+    b = c.breakdown()
+    assert b["tokens_per_second"] == pytest.approx(100 / 5.6)
+    assert b["shares"] == pytest.approx({"prompt": 0.25, "draft": 0.125, "verify": 0.5,
+                                         "python": 0.075})
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -212,6 +230,16 @@ def test_a_task_run_has_every_tasks_row_from_cold_caches(smollm2_f32_path, smoll
         assert len(set(row["completion_tokens"].values())) == 1
         assert 0 < row["completion_tokens"]["plain"] <= 4 * row["prompts"]
         assert 0 <= row["ended"] <= row["prompts"]
+        # where the time went, plain and the default: decoding's tokens per second, and the
+        # parts' shares of the whole answers' time (the rest was the text and the HTTP-free
+        # bookkeeping around them)
+        for name in ("plain", "hybrid"):
+            t = row["time"][name]
+            assert t["tokens_per_second"] > 0
+            assert set(t["shares"]) == {"prompt", "draft", "verify", "python"}
+            assert all(0 <= v <= 1 for v in t["shares"].values())
+            assert 0.5 < sum(t["shares"].values()) <= 1.0 + 1e-9
+        assert row["time"]["plain"]["shares"]["draft"] == 0
     g = res["geomean"]
     assert g["prompts"] == n
     for name in res["configs"][1:]:

@@ -55,6 +55,14 @@ class Cell:
     drafted: int = 0
     accepted: int = 0
     ended: int = 0          # answers that ended on their own, before their token limit
+    # where the time went: the prompt (the target's, and a draft's catching up after it, is in
+    # the decoding's draft time), draft steps, verify (target) passes, the rest of decoding
+    # (Python: drafting logic, verification, text), each summed over the runs
+    prompt: float = 0.0
+    draft: float = 0.0
+    verify: float = 0.0
+    decode: float = 0.0
+    python: float = 0.0
 
     def add(self, stats, wall: float, ended: bool = False) -> None:
         self.runs += 1
@@ -63,6 +71,18 @@ class Cell:
         self.tokens += stats.completion_tokens
         self.drafted += stats.drafted
         self.accepted += stats.accepted
+        self.prompt += stats.prompt_seconds
+        self.draft += stats.draft_seconds
+        self.verify += stats.verify_seconds
+        self.decode += stats.decode_seconds
+        self.python += stats.python_seconds
+
+    def breakdown(self) -> dict:
+        """Tokens per second of decoding, and each part's share of the whole answers' time."""
+        whole = self.seconds or 1.0
+        return {"tokens_per_second": self.tokens / self.decode if self.decode else None,
+                "shares": {"prompt": self.prompt / whole, "draft": self.draft / whole,
+                           "verify": self.verify / whole, "python": self.python / whole}}
 
 
 def geomean(xs: list[float]) -> Optional[float]:
@@ -201,6 +221,7 @@ def _row(cells: dict, configs: list[Config], default: str, pinned: list[str]) ->
             "default_over_oracle": speedups[default] / oracle if oracle else None,
             "default_acceptance": d.accepted / d.drafted if d.drafted else None,
             "completion_tokens": {c.name: cells[c.name].tokens for c in configs},
+            "time": {n: cells[n].breakdown() for n in ("plain", default)},
             "ended": plain.ended}
 
 
@@ -245,6 +266,7 @@ def format_task_report(res: dict) -> str:
         lines.append(f"{name:14}{x(r['plain_seconds']):>8}"
                      + "".join(f"{x(r['speedups'][n]):>{w}}" for n, w in zip(names, widths))
                      + f"  {oracle:13}{x(r['default_over_oracle']):>9}{accept:>7}")
+    lines += _time_lines(res)
     cold_note = ("every generation from cold caches" if res["cold"] else
                  f"{res['warm_runs']} generation(s) found part of the prompt cached")
     lines += [
@@ -257,6 +279,29 @@ def format_task_report(res: dict) -> str:
         f"temperature {res['temperature']}, {cold_note}",
     ]
     return "\n".join(lines)
+
+
+def _time_lines(res: dict) -> list[str]:
+    """Where the time went, per task: plain decoding's tokens per second and its prompt's share
+    of the whole answers' time; the default's tokens per second and the shares of its prompt,
+    draft steps (with the draft's catching up), verify passes and the rest (Python)."""
+    default = res["default"]
+    lines = ["where the time went: tok/s of decoding; % of the whole answers' time",
+             f"{'':14}{'plain tok/s':>12}{'prompt':>7}  |{default + '* tok/s':>14}"
+             f"{'prompt':>7}{'draft':>7}{'verify':>7}{'python':>7}"]
+
+    def pct(v):
+        return f"{v:.0%}"
+    for name, r in res["tasks"].items():
+        if "time" not in r:
+            continue
+        p, d = r["time"]["plain"], r["time"][default]
+        tps = [f"{t['tokens_per_second']:.1f}" if t["tokens_per_second"] else "-" for t in (p, d)]
+        sh = d["shares"]
+        lines.append(f"{name:14}{tps[0]:>12}{pct(p['shares']['prompt']):>7}  |{tps[1]:>14}"
+                     + "".join(f"{pct(sh[k]):>7}" for k in ("prompt", "draft", "verify",
+                                                             "python")))
+    return lines
 
 
 def limits_note(res: dict) -> str:
