@@ -117,23 +117,37 @@ def test_greedy_on_the_real_pair_leaves_plain_only_at_near_ties(qwen, reference,
             plain = qwen.generate(prompt, max_tokens=48, sampling=GREEDY, raw=raw,
                                   speculative=False).tokens
             rows = target_rows(reference, ids, plain)
-            # plain decoding is the reference: it takes the one-row pass's argmax everywhere
-            assert [int(np.argmax(r)) for r in rows[:len(plain)]] == plain
-            PLAIN[k] = (plain, rows)
-        plain = PLAIN[k][0]
+            # plain decoding is the reference; it may itself leave the replay at a near-tie
+            # (the prompt is evaluated in other chunks: a gap of 0.003 was seen)
+            PLAIN[k] = (plain, rows, divergences(reference, ids, plain, (plain, rows)))
+        plain, _, plain_found = PLAIN[k]
         spec = eng.generate(prompt, max_tokens=48, sampling=GREEDY, raw=raw)
         drafted += spec.stats.drafted
-        found = divergences(reference, ids, spec.tokens, PLAIN[k])
-        report.append((raw, found))
+        found = divergences(reference, ids, spec.tokens, PLAIN[k][:2])
+        report.append((raw, plain_found, found))
         first = next((i for i, (a, b) in enumerate(zip(plain, spec.tokens)) if a != b), None)
-        if first is None:
-            assert spec.tokens == plain and not found
-        else:       # the first difference from plain decoding is one of the near-ties
-            assert found and found[0][0] == first, (first, found)
-    print(f"\n{how or 'default'}: divergences (position, target logit gap): {report}")
-    assert all(gap < NEAR_TIE for _, found in report for _, gap in found), report
+        if first is not None:   # where the two part, one of them left the target's argmax
+            assert first in {i for i, _ in found + plain_found}, (first, found, plain_found)
+    print(f"\n{how or 'default'}: divergences from one-row passes (position, target logit "
+          f"gap), plain's then the speculative answer's, per prompt: {report}")
+    assert all(gap < NEAR_TIE for _, *both in report for found in both for _, gap in found), \
+        report
     if how:
         assert drafted > 0
+
+
+def test_accepting_every_greedy_draft_is_caught_by_the_same_check(qwen, reference,
+                                                                  monkeypatch):
+    """Negative control: a greedy verifier that keeps every draft emits the 0.5B draft's text,
+    which leaves the target's argmax by more than a near-tie."""
+    import edgespec.speculative as spec
+    monkeypatch.setattr(spec, "verify_greedy", lambda x, argmax: (len(x), argmax[len(x)]))
+    eng = Engine(qwen.target, qwen.draft, _spec(drafter="model", draft_max=4),
+                 draft_head=qwen.draft_head)
+    prompt, raw = PROMPTS[0]
+    out = eng.generate(prompt, max_tokens=48, sampling=GREEDY, raw=raw)
+    found = divergences(reference, eng.prompt_tokens(prompt, raw=raw), out.tokens)
+    assert max((gap for _, gap in found), default=0.0) >= NEAR_TIE, found
 
 
 def _spec(**how):
