@@ -75,7 +75,9 @@ class Cell:
         self.draft += stats.draft_seconds
         self.verify += stats.verify_seconds
         self.decode += stats.decode_seconds
-        self.python += stats.python_seconds
+        # (verify passes include their own Python: argmax, acceptance; the rest is the rest)
+        self.python += max(0.0, stats.decode_seconds - stats.draft_seconds
+                           - stats.verify_seconds)
 
     def breakdown(self) -> dict:
         """Tokens per second of decoding, and each part's share of the whole answers' time."""
