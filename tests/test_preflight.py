@@ -165,7 +165,7 @@ APP = textwrap.dedent("""
     def app():
         with Engine.load(target=sys.argv[1], draft=sys.argv[2], n_ctx=512, draft_max=4,
                          cpu_extra_buffers=sys.argv[3]) as eng:
-            out.append(eng.generate("The capital of France is", max_tokens=16, raw=True,
+            out.append(eng.generate(sys.argv[4], max_tokens=16, raw=True,
                                     sampling=SamplingParams(temperature=0.0)).text)
     t = threading.Thread(target=app)
     t.start()
@@ -216,17 +216,24 @@ def test_a_quantised_model_through_the_fallback_decodes_as_without_extra_buffers
         assert agree >= 8, (auto, off)
 
 
-def test_an_app_that_loads_the_engine_in_a_thread_does_not_die(gemma_f32_path, gemma_q4_path,
-                                                                tmp_path):
+# More than 8 tokens: the target's prompt pass is a batch over quantised weights, where the
+# faulting kernels run (a short prompt and a draft that copies the target's cells would never
+# send one there: the negative control below would not fault).
+APP_PROMPT = ("Question: which city is the capital of France, and why? Answer: The capital of "
+              "France is")
+
+
+def test_an_app_that_loads_the_engine_in_a_thread_does_not_die(gemma_q4_path, tmp_path):
     v = preflight.verdict()
 
     def run(mode: str, **env) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, "-c", APP, str(gemma_f32_path), str(gemma_q4_path), mode],
-            capture_output=True, text=True, timeout=600, env={**os.environ, **env})
+            [sys.executable, "-c", APP, str(gemma_q4_path), str(gemma_q4_path), mode,
+             APP_PROMPT], capture_output=True, text=True, timeout=600,
+            env={**os.environ, **env})
     proc = run("auto", XDG_CACHE_HOME=str(tmp_path / "cache"))     # nothing checked yet
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "France" in proc.stdout          # Gemma-3-270M: " the capital of the country of …"
+    assert "Paris" in proc.stdout           # Gemma-3-270M Q4_K_M: " Paris. …"
     # the app's log says it once, as a warning of edgespec.backend.preflight
     assert proc.stderr.count("llama.cpp #26954") == (1 if v.faults else 0), proc.stderr
     # the negative control: the faulting path forced on kills the app where it faults
