@@ -8,6 +8,13 @@
 Build the binary with scripts/build_llama_speculative.sh. Runs are interleaved (edgespec, then
 the C++ example at each --spec-draft-n-max, rotating per prompt) and both report decoding
 speed only (prompt processing excluded), greedy, 2 threads unless --threads says otherwise.
+
+With `--prompts tasks --tasks code_edit,chat` the prompts are the task bench's, rendered by the
+target's chat template (the C++ example gets the rendered text), each answered whole as the
+task bench does (a code edit up to its file's budget), every edgespec generation from cold
+caches; `--spec draft-simple:4,draft-simple:16,ngram-simple,ngram-mod` chooses llama.cpp's
+drafting modes (`draft-simple:N` is `--n-max N` of the draft model). The table then gives
+both decoding tok/s and whole answers' seconds (prompt included), with acceptance.
 """
 
 from __future__ import annotations
@@ -22,6 +29,9 @@ from edgespec.bench.prompts import PROMPT_SETS
 from edgespec.config import default_threads
 
 DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
+ENCODED = re.compile(r"encoded\s+(\d+) tokens in\s+([\d.]+) seconds")
+DRAFTED = re.compile(r"n_drafted\s*=\s*(\d+)")
+N_ACCEPT = re.compile(r"n_accept\s*=\s*(\d+)")
 
 
 def cpp_extra_args() -> list:
@@ -32,15 +42,87 @@ def cpp_extra_args() -> list:
     return ["--no-repack"] if verdict().faults else []
 
 
-def run_cpp(binary, target, draft, prompt, n, n_max, threads):
+def run_cpp(binary, target, draft, prompt, n, n_max, threads, mode="draft-simple",
+            whole=False):
+    """(tokens decoded, decoding seconds), or with ``whole`` also the prompt's seconds and
+    (drafted, accepted)."""
+    spec = ["--spec-type", mode] + (["--spec-draft-n-max", str(n_max)]
+                                    if mode == "draft-simple" else [])
     proc = subprocess.run(
         [binary, "-m", target, "-md", draft, "-p", prompt, "-n", str(n), "--temp", "0",
-         "--spec-type", "draft-simple", "--spec-draft-n-max", str(n_max), "-t", str(threads),
-         "-c", "4096", *cpp_extra_args()], capture_output=True, text=True, timeout=900)
-    m = DECODED.search(proc.stderr)
-    if not m:
+         *spec, "-t", str(threads), "-c", "4096", *cpp_extra_args()],
+        capture_output=True, text=True, timeout=1800)
+    m, e = DECODED.search(proc.stderr), ENCODED.search(proc.stderr)
+    if not m or not e:
         sys.exit(f"error: could not parse {binary} output:\n{proc.stderr[-2000:]}")
-    return int(m.group(1)), float(m.group(2))
+    if not whole:
+        return int(m.group(1)), float(m.group(2))
+    d, a = DRAFTED.search(proc.stderr), N_ACCEPT.search(proc.stderr)
+    return (int(m.group(1)), float(m.group(2)), float(e.group(2)),
+            (int(d.group(1)) if d else 0, int(a.group(1)) if a else 0))
+
+
+def tasks_main(args) -> int:
+    """The task bench's prompts, whole answers, edgespec's default and plain against llama.cpp's
+    modes, interleaved (the order rotating per prompt)."""
+    import itertools
+
+    from edgespec.bench.long_prompts import cold
+    from edgespec.bench.task_bench import edit_budget
+    from edgespec.bench.tasks import CODE_EDITS, task_prompts
+    from edgespec.request import GenerationRequest
+
+    modes = [m.partition(":") for m in args.spec.split(",")]
+    names = ["edgespec default", "edgespec plain"] + [
+        f"llama.cpp {m}" + (f" {k}" if k else "") for m, _, k in modes]
+    greedy = SamplingParams(temperature=0.0)
+    keys = itertools.count()
+    rows = {}
+    with Engine.load(target=args.target, draft=args.draft, n_threads=args.threads) as eng:
+        for task in args.tasks.split(","):
+            tot = {k: [0, 0.0, 0.0, 0, 0] for k in names}  # tokens, decode s, whole s, dr, acc
+            for i, prompt in enumerate(task_prompts()[task]):
+                ids = eng.prompt_tokens(prompt)
+                n = args.max_tokens
+                if task == "code_edit":
+                    file_tokens = len(eng.tokenize(CODE_EDITS[i].code(), add_special=False))
+                    n = edit_budget(file_tokens, len(ids), eng.n_ctx)
+                text = b"".join(eng.target.vocabulary.piece(t, special=True)
+                                for t in ids).decode("utf-8", "replace")
+                for name in names[i % len(names):] + names[:i % len(names)]:
+                    t = tot[name]
+                    if name.startswith("edgespec"):
+                        cold(eng)
+                        req = GenerationRequest(prompt, max_tokens=n, sampling=greedy,
+                                                speculative=name.endswith("default"),
+                                                index_key=f"vs-llamacpp-{next(keys)}")
+                        stream = eng.submit(req)
+                        for _ in stream:
+                            pass
+                        st = stream.result.stats
+                        got = (st.completion_tokens, st.decode_seconds,
+                               st.prompt_seconds + st.decode_seconds, st.drafted, st.accepted)
+                    else:
+                        _, mode, *k = name.split()
+                        tok, dec, enc, (dr, ac) = run_cpp(args.binary, args.target,
+                                                          args.draft, text, n,
+                                                          int(k[0]) if k else 0,
+                                                          args.threads, mode, whole=True)
+                        got = (tok, dec, enc + dec, dr, ac)
+                    for j, v in enumerate(got):
+                        t[j] += v
+                print(f"{task} {i + 1}: " + ", ".join(
+                    f"{k} {v[0] / v[1]:.1f} tok/s" for k, v in tot.items() if v[1]),
+                    file=sys.stderr, flush=True)
+            rows[task] = tot
+    plain = "edgespec plain"
+    print(f"{'':26}{'tok/s':>8}{'whole s':>9}{'x plain':>8}{'accept':>8}")
+    for task, tot in rows.items():
+        print(task)
+        for k, (n, dec, whole, dr, ac) in tot.items():
+            acc = f"{ac / dr:.0%}" if dr else "-"
+            print(f"  {k:24}{n / dec:8.1f}{whole:9.1f}{tot[plain][2] / whole:8.2f}{acc:>8}")
+    return 0
 
 
 def main() -> int:
@@ -50,10 +132,14 @@ def main() -> int:
     ap.add_argument("--draft", required=True)
     ap.add_argument("--n-max", default="3,8,16")
     ap.add_argument("-n", "--max-tokens", type=int, default=128)
-    ap.add_argument("--prompts", default="default", choices=sorted(PROMPT_SETS))
+    ap.add_argument("--prompts", default="default", choices=sorted(PROMPT_SETS) + ["tasks"])
+    ap.add_argument("--tasks", default="code_edit,chat")
+    ap.add_argument("--spec", default="draft-simple:4,draft-simple:16,ngram-simple,ngram-mod")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--threads", type=int, default=default_threads())
     args = ap.parse_args()
+    if args.prompts == "tasks":
+        return tasks_main(args)
     n_maxes = [int(x) for x in args.n_max.split(",")]
     names = ["edgespec default", "edgespec plain"] + [f"llama.cpp n-max {k}" for k in n_maxes]
     tot = {k: [0, 0.0] for k in names}
