@@ -51,6 +51,36 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
+class LoopbackServer:
+    """A threaded HTTP server on 127.0.0.1 at a free port, serving from ``__enter__`` to
+    ``__exit__``; a subclass gives its request handler (:meth:`handler`) and the event
+    ``_resume`` that stalled requests wait on (set on exit, so that none hangs)."""
+
+    _server: Optional[ThreadingHTTPServer] = None
+    _resume: threading.Event
+
+    def handler(self) -> type:
+        raise NotImplementedError
+
+    def __enter__(self):
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self.handler())
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                         daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._resume.set()
+        assert self._server is not None
+        self._server.shutdown()
+        self._server.server_close()
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return self._server.server_address[1]
+
+
 @dataclass
 class HubFileSpec:
     path: Path             # the real content (what paths-info and the headers describe)
@@ -79,7 +109,7 @@ class Request:
     headers: dict  # lower-case names
 
 
-class FakeHub:
+class FakeHub(LoopbackServer):
     """Start with ``with FakeHub(tmp_dir) as hub:``; ``hub.url`` is the HF_ENDPOINT."""
 
     def __init__(self, root: Path):
@@ -137,25 +167,8 @@ class FakeHub:
         self.stall_after = None
         self._resume.set()
 
-    # -- server -------------------------------------------------------------------------------
-
-    def __enter__(self) -> "FakeHub":
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                         daemon=True).start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._resume.set()
-        assert self._server is not None
-        self._server.shutdown()
-        self._server.server_close()
-
-    @property
-    def port(self) -> int:
-        assert self._server is not None
-        return self._server.server_address[1]
+    def handler(self) -> type:
+        return _make_handler(self)
 
     @property
     def url(self) -> str:

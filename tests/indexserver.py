@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import Optional
 from urllib.parse import unquote, urlsplit
 
+from hubserver import LoopbackServer
+
 CHUNK = 1 << 14
 
 
@@ -76,7 +78,7 @@ class IndexFile:
         return self.served or self.path
 
 
-class FakeIndex:
+class FakeIndex(LoopbackServer):
     """Start with ``with FakeIndex(tmp_dir) as index:``; ``index.url`` is the PIP_INDEX_URL."""
 
     def __init__(self, root: Path):
@@ -140,25 +142,12 @@ class FakeIndex:
         with self._lock:
             return [p.rsplit("/", 1)[-1] for p in self.requests if p.startswith("/files/")]
 
-    # -- server -------------------------------------------------------------------------------
-
-    def __enter__(self) -> "FakeIndex":
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                         daemon=True).start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._resume.set()
-        assert self._server is not None
-        self._server.shutdown()
-        self._server.server_close()
+    def handler(self) -> type:
+        return _make_handler(self)
 
     @property
     def url(self) -> str:
-        assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}/simple/"
+        return f"http://127.0.0.1:{self.port}/simple/"
 
     def env(self, **extra: str) -> dict:
         """A process environment whose pip uses this index only: the machine's pip
