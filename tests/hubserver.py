@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import socket
 import threading
 from dataclasses import dataclass, field
@@ -49,6 +50,13 @@ def sha256_of(path: Path) -> str:
         while chunk := f.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
+
+
+def default_sigint() -> None:
+    """For a child process that a test interrupts (``preexec_fn``): a test run started in the
+    background (`cmd &` in a script, as CI may be) ignores SIGINT, and its children would
+    inherit that: the child would never see the Ctrl-C the test sends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 class LoopbackServer:

