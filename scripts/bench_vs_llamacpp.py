@@ -68,8 +68,8 @@ def tasks_main(args) -> int:
     import itertools
 
     from edgespec.bench.long_prompts import cold
-    from edgespec.bench.task_bench import edit_budget
-    from edgespec.bench.tasks import CODE_EDITS, task_prompts
+    from edgespec.bench.task_bench import edit_budget, edit_file_tokens
+    from edgespec.bench.tasks import task_prompts
     from edgespec.request import GenerationRequest
 
     modes = [m.partition(":") for m in args.spec.split(",")]
@@ -79,14 +79,14 @@ def tasks_main(args) -> int:
     keys = itertools.count()
     rows = {}
     with Engine.load(target=args.target, draft=args.draft, n_threads=args.threads) as eng:
+        files = edit_file_tokens(eng)
         for task in args.tasks.split(","):
             tot = {k: [0, 0.0, 0.0, 0, 0] for k in names}  # tokens, decode s, whole s, dr, acc
             for i, prompt in enumerate(task_prompts()[task]):
                 ids = eng.prompt_tokens(prompt)
                 n = args.max_tokens
                 if task == "code_edit":
-                    file_tokens = len(eng.tokenize(CODE_EDITS[i].code(), add_special=False))
-                    n = edit_budget(file_tokens, len(ids), eng.n_ctx)
+                    n = edit_budget(files[i], len(ids), eng.n_ctx)
                 text = b"".join(eng.target.vocabulary.piece(t, special=True)
                                 for t in ids).decode("utf-8", "replace")
                 for name in names[i % len(names):] + names[:i % len(names)]:

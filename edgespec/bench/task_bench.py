@@ -104,6 +104,12 @@ def edit_budget(file_tokens: int, prompt_tokens: int = 0, n_ctx: Optional[int] =
     return budget if cap is None else min(budget, cap)
 
 
+def edit_file_tokens(engine) -> list[int]:
+    """Each ``code_edit`` prompt's file, in the target's tokens (what :func:`edit_budget`
+    counts), in the prompts' order."""
+    return [len(engine.tokenize(e.code(), add_special=False)) for e in CODE_EDITS]
+
+
 def task_configs(ks: list[int]) -> tuple[list[Config], str]:
     """The configurations compared, and the name of the Engine's default among them."""
     configs = make_configs(ks, has_draft=True, peers=False)
@@ -133,9 +139,8 @@ def run_task_bench(engine, *, tasks: tuple = TASKS, max_tokens: int,
              for p in all_prompts[task]]
     sizes = [len(engine.prompt_tokens(p, raw=raw)) for _, p in items]
     # code_edit's answers: the whole file back, each with a budget of its own
-    edits = iter(CODE_EDITS)        # in its prompts' order
-    file_tokens = [len(engine.tokenize(next(edits).code(), add_special=False))
-                   if task == "code_edit" else None for task, _ in items]
+    edits = iter(edit_file_tokens(engine))          # in its prompts' order
+    file_tokens = [next(edits) if task == "code_edit" else None for task, _ in items]
     limits, short = [], []        # short: (prompt, new tokens wanted) the context cannot hold
     for size, f in zip(sizes, file_tokens):
         if f is None:
