@@ -245,6 +245,14 @@ def tokenizer_for(path: os.PathLike, load_vocab: Callable[[], Any]) -> LLTokeniz
         return tok
 
 
+def special_tag_id(tokenizer: LLTokenizer, ids: Sequence[int]) -> Optional[int]:
+    """The id of a tag that tokenized (special texts parsed) to ``ids``, where it is one token
+    the grammar engine reads as special (a control token, or a user-defined ``<…>`` one such
+    as Qwen's ``<tool_call>``): a grammar names it by id, since its bytes are not the tag's
+    text. None: the tag is text."""
+    return ids[0] if len(ids) == 1 and tokenizer.is_special_token(ids[0]) else None
+
+
 # ---------------------------------------------------------------------------------------------
 # A constraint during one generation
 

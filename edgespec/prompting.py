@@ -12,7 +12,7 @@ from typing import Any, Optional
 from .backend import GrammarVocab
 from .chat_template import ChatTemplate, validate_messages
 from .config import SamplingParams
-from .constraints import Constraint, GrammarState, tokenizer_for
+from .constraints import Constraint, GrammarState, special_tag_id, tokenizer_for
 from .errors import ContextOverflowError, InvalidParameterError
 from .lm import LoadedModel
 from .request import GenerationRequest, Prompt, Request, Speculation, check_limits
@@ -53,7 +53,7 @@ class Prompter:
             raise ContextOverflowError(len(tokens), n_ctx)
         thinking, constraint, finish = reads_thinking(
             mode, text, constraint, plan.finish if plan is not None else None,
-            lambda tag, special: self.target.tokenize(tag, False, special))
+            self.special_id)
         run = Request(tokens, req.max_tokens, sampling, stop=stop,
                       grammar=self.grammar(constraint), logprobs=req.logprobs, finish=finish,
                       speculation=speculation)
@@ -63,7 +63,8 @@ class Prompter:
         """``req``'s prompt as text and tokens, and how it uses its tools (None: none)."""
         plan = plan_request(req.prompt, req.tools, req.tool_choice,
                             parallel=req.parallel_tool_calls,
-                            native_template=self.template.writes_tool_call_tags)
+                            native_template=self.template.writes_tool_call_tags,
+                            special_id=self.special_id)
         if plan is None:
             text = self.text(req.prompt, raw=req.raw, think=req.think)
         else:
@@ -103,6 +104,18 @@ class Prompter:
             raise InvalidParameterError("prompt", prompt, "a non-empty text")
         return tokens
 
+    def special_id(self, tag: str) -> Optional[int]:
+        """The id of ``tag`` where it is one token that the grammar engine reads as special
+        (a control token, or a user-defined one such as Qwen's ``<tool_call>``): grammars
+        name such a token by id, since its text is not its bytes. None: ``tag`` is text."""
+        with self._life:
+            ids = self.target.tokenize(tag, add_special=False, parse_special=True)
+        return special_tag_id(self._grammar_tokenizer(), ids)
+
+    def _grammar_tokenizer(self):
+        path = self.target.path
+        return tokenizer_for(path, lambda: GrammarVocab(path))
+
     def grammar(self, constraint: Optional[Constraint]) -> Optional[GrammarState]:
         """A constraint's state over the target's vocabulary, for one generation (the grammar
         engine's tokenizer is built on first use of a model file, then kept)."""
@@ -112,6 +125,4 @@ class Prompter:
             raise InvalidParameterError("constraint", type(constraint).__name__,
                                         "a Constraint: Constraint.json_schema(schema), "
                                         ".json(), .regex(pattern) or .grammar(text)")
-        path = self.target.path
-        tokenizer = tokenizer_for(path, lambda: GrammarVocab(path))
-        return GrammarState(constraint, tokenizer, self.target.n_vocab)
+        return GrammarState(constraint, self._grammar_tokenizer(), self.target.n_vocab)

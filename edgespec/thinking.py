@@ -98,18 +98,18 @@ def separates(mode: Optional[ThinkingMode], think: Any, raw: bool) -> Optional[T
 
 def reads_thinking(mode: Optional[ThinkingMode], prompt: str,
                    constraint: Optional["Constraint"], finish: Finish,
-                   tokenize: Callable[[str, bool], list[int]]
+                   special_id: Callable[[str], Optional[int]]
                    ) -> tuple[Optional["Thinking"], Optional["Constraint"], Finish]:
     """How a generation reads its output after the rendered ``prompt`` when it separates
     ``mode``'s reasoning (None: it does not; nothing changes): the :class:`Thinking`, the
     ``constraint`` moved after the reasoning, and ``finish`` preceded by the split.
-    ``tokenize(text, parse_special)``: the target's tokenizer."""
+    ``special_id(tag)``: the id of ``tag`` where it is one special token (None: text)."""
     if mode is None:
         return None, constraint, finish
     thinking = Thinking.after(mode, prompt)
     if constraint is not None:
         constraint = constraint.after_reasoning(mode.open, mode.close, thinking.opened,
-                                                thinking.tag_tokens(tokenize))
+                                                thinking.tag_tokens(special_id))
     return thinking, constraint, thinking.finish(finish)
 
 
@@ -126,17 +126,12 @@ class Thinking:
         """The reading of the output that follows the rendered ``prompt``."""
         return cls(mode, prompt.rstrip().endswith(mode.open))
 
-    def tag_tokens(self, tokenize: Callable[[str, bool], list[int]]
+    def tag_tokens(self, special_id: Callable[[str], Optional[int]]
                    ) -> Optional[tuple[int, int]]:
         """The ids of the two tags when each is one special token of the vocabulary
-        (``tokenize(text, parse_special)``), else None: they are written as text."""
-        ids = []
-        for tag in (self.mode.open, self.mode.close):
-            token = tokenize(tag, True)
-            if len(token) != 1 or len(tokenize(tag, False)) == 1:
-                return None
-            ids.append(token[0])
-        return ids[0], ids[1]
+        (``special_id(tag)``), else None: they are written as text."""
+        ids = (special_id(self.mode.open), special_id(self.mode.close))
+        return None if None in ids else ids
 
     def split(self, text: str) -> tuple[str, str]:
         """(reasoning, answer) of a whole output."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from .chat_template import arguments_value, new_call_id, validate_messages
 from .constraints import Constraint, _check_schema, validate_json
@@ -33,6 +33,7 @@ from .errors import ConstraintError, InvalidParameterError
 
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 CHOICES = ("auto", "none", "required")
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 
 
 @dataclass(frozen=True)
@@ -203,7 +204,8 @@ class ToolPlan:
 
     @classmethod
     def make(cls, messages: list[dict], tools: Optional[Sequence[Tool]], choice: str,
-             native_template: bool, parallel: bool = False) -> "ToolPlan":
+             native_template: bool, parallel: bool = False,
+             tag_ids: Optional[tuple[int, int]] = None) -> "ToolPlan":
         tools = list(tools or [])
         use = [t for t in tools if choice in CHOICES or t.name == choice]
         if not use or choice == "none":
@@ -215,7 +217,8 @@ class ToolPlan:
                        None)
         if native_template:
             return cls(tools, choice, True, list(messages),
-                       [t.to_openai() for t in tools], _native_constraint(use, choice, parallel))
+                       [t.to_openai() for t in tools],
+                       _native_constraint(use, choice, parallel, tag_ids))
         listing = json.dumps([{"name": t.name, "description": t.description,
                                "parameters": t.parameters} for t in use], ensure_ascii=False)
         instruction = GENERIC_INSTRUCTION.format(
@@ -246,18 +249,23 @@ class ToolPlan:
     def finish(self, gen):
         """A finished :class:`~edgespec.results.Generation` in its final form: the answer's
         text, and the calls the output makes (``finish_reason`` ``"tool_calls"``)."""
-        gen.text, gen.tool_calls = self.calls(gen.text, complete=gen.finish_reason == "stop")
-        if gen.tool_calls:
+        complete = gen.finish_reason == "stop"
+        gen.text, gen.tool_calls = self.calls(gen.text, complete)
+        if gen.tool_calls and complete:
             gen.finish_reason = "tool_calls"
         return gen
 
     def calls(self, text: str, complete: bool) -> tuple[str, list[ToolCall]]:
-        """(content, calls) of an output. An incomplete output (cut by max_tokens) has no
-        calls; its text is returned as it is."""
-        if self.constraint is None or not complete:
+        """(content, calls) of an output. An incomplete output (cut by max_tokens) has its
+        answer's text as far as it got, never the format's wrapper (a cut ``{"response":
+        "…`` gives the text inside), and only the calls it completed (a cut call gives
+        neither text nor a call)."""
+        if self.constraint is None:
             return text, []
         if self.native:
             return self._native_calls(text)
+        if not complete:
+            return _cut_response(text), []
         value = json.loads(text)            # the grammar guarantees JSON
         if "response" in value:
             return value["response"], []
@@ -265,10 +273,10 @@ class ToolPlan:
         return "", [self._call(c["name"], c["arguments"]) for c in found]
 
     def _native_calls(self, text: str) -> tuple[str, list[ToolCall]]:
-        found = list(re.finditer(r"<tool_call>\s*(.*?)\s*</tool_call>", text, re.S))
-        if not found:
+        if CALL_OPEN not in text:
             return text, []
-        content = text[:found[0].start()].strip()
+        content = text.split(CALL_OPEN, 1)[0].strip()
+        found = re.finditer(f"{CALL_OPEN}\\s*(.*?)\\s*{CALL_CLOSE}", text, re.S)
         calls = []
         for m in found:
             value = json.loads(m.group(1))
@@ -282,9 +290,12 @@ class ToolPlan:
 
 
 def plan_request(prompt: Any, tools: Optional[Sequence], tool_choice: Any, *,
-                 native_template: bool, parallel: bool = False) -> Optional[ToolPlan]:
+                 native_template: bool, parallel: bool = False,
+                 special_id: Callable[[str], Optional[int]] = lambda tag: None
+                 ) -> Optional[ToolPlan]:
     """How a request uses tools; None when it has none and its history (a list of messages)
-    holds no calls or results, so the ordinary path serves it."""
+    holds no calls or results, so the ordinary path serves it. ``special_id(tag)``: the id
+    of ``tag`` where it is one special token of the model's vocabulary (None: text)."""
     if tools is None and tool_choice is None:
         if isinstance(prompt, str) or not any(
                 isinstance(m, dict) and (m.get("tool_calls") or m.get("role") == "tool")
@@ -293,16 +304,45 @@ def plan_request(prompt: Any, tools: Optional[Sequence], tool_choice: Any, *,
     if isinstance(prompt, str):
         prompt = [{"role": "user", "content": prompt}]
     parsed = parse_tools(tools) if tools is not None else []
+    ids = (special_id(CALL_OPEN), special_id(CALL_CLOSE)) if native_template else (None,)
     return ToolPlan.make(validate_messages(prompt), parsed,
                          parse_choice(tool_choice, parsed) if parsed else "none",
-                         native_template=native_template, parallel=parallel)
+                         native_template=native_template, parallel=parallel,
+                         tag_ids=ids if None not in ids else None)
 
 
-def _native_constraint(tools: Sequence[Tool], choice: str, parallel: bool) -> Constraint:
+def _native_constraint(tools: Sequence[Tool], choice: str, parallel: bool,
+                       tag_ids: Optional[tuple[int, int]]) -> Constraint:
     """``auto``: free text, optionally followed by ``<tool_call>`` blocks; otherwise only
-    calls (one, unless ``parallel``)."""
+    calls (one, unless ``parallel``). ``tag_ids``: the tags' ids where each is one special
+    token (Qwen's): the grammar names the tokens the model was trained to write, and free
+    text may then hold any character; else the tags are text, and free text stops at ``<``."""
+    if tag_ids is not None:
+        open_, close, text = f"<[{tag_ids[0]}]>", f"<[{tag_ids[1]}]>", "/(?s:.+)/"
+    else:
+        open_, close, text = json.dumps(CALL_OPEN), json.dumps(CALL_CLOSE), "/[^<]+/"
     rules = ('calls: call ("\\n" call)*\n' if parallel else 'calls: call\n') + \
-        f'call: "<tool_call>\\n" %json {json.dumps(_call_schema(tools))} "\\n</tool_call>"\n'
-    start = "start: TEXT | TEXT? calls\nTEXT: /[^<]+/\n" if choice == "auto" else \
+        f'call: {open_} "\\n" %json {json.dumps(_call_schema(tools))} "\\n" {close}\n'
+    start = f"start: TEXT | TEXT? calls\nTEXT: {text}\n" if choice == "auto" else \
         "start: calls\n"
     return Constraint.grammar(start + rules)
+
+
+def _cut_response(text: str) -> str:
+    """The text inside a generic answer ``{"response": "…`` cut before its end (what the
+    JSON string holds so far, an escape cut in half left out); "" for a cut call."""
+    m = re.match(r'\s*\{\s*"response"\s*:\s*"', text)
+    if m is None:
+        return ""
+    body = text[m.end():]
+    try:
+        value, _ = json.JSONDecoder().raw_decode('"' + body)
+        return value                                   # the string ended; only "}" was cut
+    except ValueError:
+        pass
+    for cut in range(min(len(body), 6) + 1):           # drop a half escape: \, \u00e
+        try:
+            return json.loads('"' + body[:len(body) - cut] + '"')
+        except ValueError:
+            continue
+    return ""

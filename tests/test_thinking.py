@@ -172,14 +172,17 @@ def test_a_constraint_applies_once_the_reasoning_has_ended(smollm2_q4_path):
 def test_tags_that_are_special_tokens_are_named_by_id(gemma_q4_path):
     """Gemma's <start_of_turn>/<end_of_turn> stand in for a thinking model's tag tokens."""
     from edgespec.constraints import Constraint
+    from edgespec.constraints import special_tag_id, tokenizer_for
     state, vocab = grammar_state(gemma_q4_path, Constraint.json())
+    tokenizer = tokenizer_for(gemma_q4_path, lambda: vocab)
+
+    def special_id(tag):
+        return special_tag_id(tokenizer, vocab._vocab.vocabulary.tokenize(
+            tag.encode(), add_special=False, parse_special=True))
     ids = Thinking(ThinkingMode("<start_of_turn>", "<end_of_turn>"), False).tag_tokens(
-        lambda text, special: vocab._vocab.vocabulary.tokenize(text.encode(), add_special=False,
-                                                                parse_special=special))
+        special_id)
     assert ids == (105, 106)
-    assert Thinking(THINK, False).tag_tokens(
-        lambda text, special: vocab._vocab.vocabulary.tokenize(text.encode(), add_special=False,
-                                                                parse_special=special)) is None
+    assert Thinking(THINK, False).tag_tokens(special_id) is None
     after = Constraint.json().after_reasoning("<start_of_turn>", "<end_of_turn>", False, ids)
     text = '<start_of_turn>reasoning <end_of_turn>\n{"a": 1}'
     n, total, _ = consumed(gemma_q4_path, after, text, special=True)

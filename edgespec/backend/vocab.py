@@ -217,8 +217,19 @@ class GrammarVocab:
                 piece = b"\xff" + piece
                 self.special.append(t)
             self.pieces.append(piece)
+        self._special = frozenset(self.special)
 
     def tokenize(self, text: bytes) -> list[int]:
         """Tokens of ``text`` as the model's tokenizer splits it: no BOS, special tokens not
-        parsed."""
-        return self._vocab.vocabulary.tokenize(text, add_special=False, parse_special=False)
+        parsed. llama.cpp matches user-defined tokens (Qwen's ``<tool_call>``) in any text;
+        to the grammar engine those are special (their bytes are not the text), so where one
+        matched, its text is split again around it: plain text never tokenizes to a special
+        token here (the grammar writes those by id)."""
+        out = []
+        for t in self._vocab.vocabulary.tokenize(text, add_special=False, parse_special=False):
+            piece = self.pieces[t][1:]
+            if t in self._special and len(piece) > 1:
+                out += self.tokenize(piece[:1]) + self.tokenize(piece[1:])
+            else:
+                out.append(t)
+        return out
