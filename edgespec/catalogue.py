@@ -230,9 +230,13 @@ def own_file(name: str) -> Optional[Path]:
     """The GGUF file in the models folder that ``name`` names (its file name, with or without
     ``.gguf``, or its path), or None: files elsewhere are the user's own, never removed."""
     folder = paths.models_dir().expanduser().resolve()
-    for p in (Path(name).expanduser(), folder / name, folder / f"{name}.gguf"):
-        if p.suffix == ".gguf" and p.is_file() and p.resolve().parent == folder:
-            return p
+    for p in (Path(name), folder / name, folder / f"{name}.gguf"):
+        try:     # a name too long for a path, or ~user of no user, names no file
+            p = p.expanduser()
+            if p.suffix == ".gguf" and p.is_file() and p.resolve().parent == folder:
+                return p
+        except (OSError, RuntimeError, ValueError):
+            continue
     return None
 
 

@@ -146,9 +146,10 @@ def test_delete_removes_the_files_then_404(site):
         with pytest.raises(ollama.ResponseError) as e:
             call()
         assert e.value.status_code == 404
-    with pytest.raises(ollama.ResponseError) as e:      # not in the models folder: kept
+    with pytest.raises(ollama.ResponseError) as e:      # the server's own model: kept
         client.delete("SmolLM2-135M-Instruct.F16")
-    assert e.value.status_code == 404 and "SmolLM2-135M-Instruct.F16:latest" in names(client)
+    assert e.value.status_code == 400 and "started with" in e.value.error
+    assert "SmolLM2-135M-Instruct.F16:latest" in names(client)
 
 
 def pull_lines(port: int, body: dict):
@@ -216,3 +217,78 @@ def test_a_failed_pull_ends_with_an_error(site):
         client.pull("hub-altered", stream=False)
     assert e.value.status_code == 502 and "sha256 mismatch" in e.value.error
     assert partials(tmp) == [] and "hub-altered:latest" not in names(client)
+
+
+def own_gguf(source, folder, name: str):
+    """A plain GGUF file ``name`` in the models ``folder``: a hard link to ``source`` (deleting
+    it leaves ``source``), or a copy across file systems."""
+    import os
+    import shutil
+    folder.mkdir(exist_ok=True)
+    try:
+        os.link(source, folder / name)
+    except OSError:
+        shutil.copyfile(source, folder / name)
+
+
+STARTED = "SmolLM2-135M-Instruct.F16:latest"           # the model the server started with
+
+
+def test_every_listed_name_answers_show_chat_copy_and_delete(site, smollm2_q2k_path):
+    hub, server, client, tmp = site
+    assert client.pull("hub-smollm2-q4_1").status == "success"     # a registry model
+    assert client.pull(f"{REPO}/{DRAFT}").status == "success"      # a hub file
+    own_gguf(smollm2_q2k_path, tmp / "models", "own-model.gguf")    # a plain GGUF
+    assert client.copy("hub-smollm2-q4_1:latest", "a-copy").status == "success"
+    kinds = ["a-copy:latest", f"{REPO}/{DRAFT}:latest", "own-model:latest",
+             "hub-smollm2-q4_1:latest"]
+    assert {*kinds, STARTED} <= names(client), names(client)
+    for i, name in enumerate([*kinds, STARTED]):
+        assert client.show(name).details.format == "gguf", name
+        r = client.chat(name, CHAT, options={"temperature": 0, "num_predict": 2})
+        assert r.done and r.model == name and r.eval_count <= 2, name
+        other = f"copy-{i}:latest"
+        assert client.copy(name, other).status == "success" and other in names(client)
+        assert client.show(other).details.format == "gguf"
+        assert client.delete(other).status == "success" and other not in names(client)
+    for name in kinds:
+        assert client.delete(name).status == "success", name
+        assert name not in names(client)
+        with pytest.raises(ollama.ResponseError) as e:
+            client.delete(name)
+        assert e.value.status_code == 404 and "not found" in e.value.error, e.value.error
+    assert not (tmp / "models" / "own-model.gguf").exists() and smollm2_q2k_path.is_file()
+    with pytest.raises(ollama.ResponseError) as e:              # listed, not removed here
+        client.delete(STARTED)
+    assert e.value.status_code == 400 and "started with" in e.value.error
+
+
+BAD_NAMES = ["no-such-model", "no-such-model:7b", f"{REPO}/no-such.gguf:latest",
+             f"{REPO}/../../etc/passwd", f"{REPO}/", "a//b/c", "x" * 300, "~nobody-here/x.gguf",
+             "back\\slash/x/y", "/etc/passwd", "../outside", f"{REPO}/x.gguf@..", "nul\0x"]
+
+
+def test_names_typed_wrong_are_4xx_in_one_line(site):
+    hub, server, client, tmp = site
+    calls = {"show": client.show, "delete": client.delete,
+             "chat": lambda n: client.chat(n, CHAT, options={"num_predict": 1}),
+             "copy": lambda n: client.copy(n, "some-copy")}
+    for name in BAD_NAMES:
+        for what, call in calls.items():
+            with pytest.raises(ollama.ResponseError) as e:
+                call(name)
+            status, message = e.value.status_code, e.value.error
+            assert status in (400, 404), (what, name, status, message)
+            assert message and "\n" not in message, (what, name, message)
+            if status == 404 and what != "delete":
+                assert "pull" in message, (what, name, message)
+    assert "some-copy:latest" not in names(client)
+    check_log_4xx_only(server)
+
+
+def check_log_4xx_only(server) -> None:
+    """No 5xx but the altered file's pull (502), no traceback."""
+    log = server.log()
+    assert "Traceback" not in log, log
+    assert all('"POST /api/pull HTTP/1.1" 502' in line for line in log.splitlines()
+               if re.search(r'HTTP/1\.1" 5\d\d', line)), log

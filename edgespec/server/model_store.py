@@ -10,9 +10,10 @@ sha256 checked, a pair's tokenizers checked. Files already fetched stay, so a pu
 half-way (its client went away: the transfer stops at its next chunk, and the partial
 transfer is deleted) continues from them the next time.
 
-A name to delete is what ``edgespec rm`` takes: a registry pair or model (its files), a hub
-file ``REPO_ID/FILENAME``, or a GGUF file of the models folder by its name (with or without
-``.gguf``); files elsewhere are never removed.
+A name to delete is what ``edgespec rm`` takes: a registry pair, model or embedding model (its
+files), a hub file ``REPO_ID/FILENAME``, or a GGUF file of the models folder by its name (with
+or without ``.gguf``); files elsewhere are never removed. Every name may end with Ollama's
+``:latest``, as ``/api/tags`` lists it.
 """
 
 from __future__ import annotations
@@ -54,9 +55,9 @@ def pull_target(name: str) -> Target:
     (not a registry name: the message offers close ones) or a
     :class:`~edgespec.registry.downloads.DownloadError` (a hub file name that could escape
     the cache)."""
-    if is_hub_spec(name):
-        return Target("hub", str(HubFile.parse(name)))
     bare = tagless(name)
+    if is_hub_spec(bare):
+        return Target("hub", str(HubFile.parse(bare)))
     reg = registry()
     if bare in reg.pairs:
         return Target("pair", bare)
@@ -177,29 +178,34 @@ class Removal:
 
 
 def removal(name: str) -> Removal:
-    """What deleting ``name`` removes (see the module docstring). Raises
-    :class:`~edgespec.errors.ModelNotFoundError` when nothing of it is on this machine."""
-    if is_hub_spec(name) and own_file(name) is None:
+    """What deleting ``name`` removes (see the module docstring; Ollama's ``:latest`` tag, which
+    ``/api/tags`` adds to every name, may end it). Raises
+    :class:`~edgespec.errors.ModelNotFoundError` when nothing of it is on this machine, and a
+    :class:`~edgespec.registry.downloads.DownloadError` for a hub file name that could escape
+    the cache (the name's fault: a 400)."""
+    bare = tagless(name)
+    if is_hub_spec(bare) and own_file(name) is None and own_file(bare) is None:
         from ..registry import hub
-        f = HubFile.parse(name)
+        f = HubFile.parse(bare)
         cached = hub.cached_path(f)
         return _found(name, [cached] if cached else [], lambda: hub.remove(f))
-    bare = tagless(name)
     reg = registry()
-    if bare in reg.pairs or bare in reg.models:
+    if bare in reg.pairs or bare in reg.models or bare in reg.embeddings:
         models = reg.models_of(bare)
         files = [p for m in models if (p := model_path(m.name)).is_file()]
         return _found(name, files, lambda: sum(remove_model(m.name) for m in models))
     mine = own_file(name) or own_file(bare)
     if mine is None:
         raise ModelNotFoundError(f"model '{name}' not found: no registry pair or model, hub "
-                                 f"file or GGUF file in {paths.models_dir()} has this name")
+                                 f"file or GGUF file in {paths.models_dir()} has this name "
+                                 "(`ollama list` shows the names here)")
     return _found(name, [mine], lambda: _unlink(mine))
 
 
 def _found(name: str, files: list[Path], remove: Callable[[], int]) -> Removal:
     if not files:
-        raise ModelNotFoundError(f"model '{name}' not found: it is not downloaded")
+        raise ModelNotFoundError(f"model '{name}' not found: it is not downloaded "
+                                 "(`ollama list` shows the names here)")
     return Removal(files, remove)
 
 

@@ -97,7 +97,7 @@ class ModelNames:
             self._copies.discard(bare)
             del self._aliases[bare]
             return True
-        if self._added.pop(name, None) is None:
+        if self._added.pop(name, None) is None and self._added.pop(bare, None) is None:
             return False
         self.rescan()
         return True

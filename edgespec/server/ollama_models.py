@@ -10,12 +10,14 @@ under that name until the server stops). A name already on this machine that no 
 knows (a file of the models folder) is answered ``success`` at once. A client that goes away
 stops its pull (see :mod:`.model_store`).
 
-``/api/delete`` removes what ``edgespec rm`` removes (404 when nothing of the name is here),
-after unloading the models that use those files; the model the server was started with is
-refused (stop the server first). ``/api/copy`` makes ``destination`` another name for the
-model ``source`` names: an alias listed by ``/api/tags``, sharing the source's files (and its
-loaded Engine), kept until the server stops (not written to disk) or until ``/api/delete``
-removes the name (the source's files stay). Pulls and deletions take turns. Errors are
+``/api/delete`` removes what ``edgespec rm`` removes (404 when nothing of the name is here,
+400 for a name no file could have), after unloading the models that use those files; every
+name ``/api/tags`` lists is taken, ``:latest`` and all. The model the server was started with
+is refused (400: stop the server first), as is a file outside the models folder.
+``/api/copy`` makes ``destination`` another name for the model ``source`` names: an alias
+listed by ``/api/tags``, sharing the source's files (and its loaded Engine), kept until the
+server stops (not written to disk) or until ``/api/delete`` removes the name (the source's
+files stay). Pulls and deletions take turns. Errors are
 Ollama's ``{"error": message}``.
 """
 
@@ -34,12 +36,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from .. import paths
 from ..catalogue import CatalogEntry, ModelNotFound
 from ..errors import EdgespecError, ModelNotFoundError
 from ..registry.downloads import DownloadError, NotEnoughDiskSpaceError
 from .body import read_json
 from .generation import GenerationPath, STREAM_HEADERS
-from .model_store import Pull, Target, pull_target, removal
+from .model_store import Pull, Removal, Target, pull_target, removal
 from .wire import APIError, checked, get_field, refuse_unknown
 
 log = logging.getLogger(__name__)
@@ -185,10 +188,7 @@ class OllamaModelRoutes:
             self.manager.forget(name)
             return Response(status_code=200)
         async with self._turn:
-            try:
-                plan = await run_in_threadpool(removal, name)
-            except EdgespecError as e:
-                raise failure(e) from None
+            plan = await self._removal(name)
             files = {p.resolve() for p in plan.files}
             started = self._started()
             if started is not None and _uses(started, files):
@@ -203,6 +203,30 @@ class OllamaModelRoutes:
             self.manager.rescan()
         log.info("deleted %s (%d bytes freed)", name, freed)
         return Response(status_code=200)
+
+    async def _removal(self, name: str) -> Removal:
+        """What deleting ``name`` removes; a 400 for a name that cannot be a hub file's, or one
+        the server lists whose files it does not manage (the model it was started with, from
+        outside the models folder), a 404 when nothing of it is here."""
+        try:
+            return await run_in_threadpool(removal, name)
+        except DownloadError as e:                  # a hub file name refused: the name's fault
+            raise APIError(400, str(e), param="model", code="invalid_model_name") from None
+        except ModelNotFoundError as e:
+            with contextlib.suppress(ModelNotFound):
+                entry = self.manager.resolve(name)
+                started = self._started()
+                if started is not None and entry.target == started.target:
+                    raise APIError(400, f"'{name}' is the model this server was started with: "
+                                        "stop the server to remove it", param="model",
+                                   code="model_in_use") from None
+                raise APIError(400, f"'{name}' is served from {entry.target}, outside the "
+                                    f"models folder {paths.models_dir()}: edgespec removes "
+                                    "only the files it keeps; delete that file yourself",
+                               param="model", code="not_removable") from None
+            raise failure(e) from None
+        except EdgespecError as e:
+            raise failure(e) from None
 
     def _started(self) -> Optional[CatalogEntry]:
         """The model the server was started with (its default), if it has one."""
