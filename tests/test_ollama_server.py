@@ -18,7 +18,8 @@ import openai
 import pytest
 
 from conftest import require_tools
-from server_helpers import ServerProcess, health, post, request, sse, stop_checked
+from server_helpers import (ServerProcess, health, post, request, sse, stop_checked,
+                            wait_until)
 
 KEY = "sk-test-0123456789"
 N_CTX = 1024
@@ -282,6 +283,25 @@ def test_errors_through_the_client(client, server):
     status, _, data = request(server.port, "POST", "/api/embed", b"{}")     # served
     assert status == 400 and set(json.loads(data)) == {"error"}
     assert health(server.port)["status"] == "ok"
+
+
+def test_a_refused_request_is_logged_with_its_message_not_its_prompt(client, server):
+    secret = "the vault code is 4417-kestrel"
+    said = [{"role": "user", "content": secret}]
+    with pytest.raises(ollama.ResponseError) as e:
+        client.chat(SERVED, said, options={"num_ctx": -5})
+    assert e.value.status_code == 400
+    oa = openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0, timeout=60)
+    with pytest.raises(openai.BadRequestError) as o:
+        oa.chat.completions.create(model=SERVED, messages=said, max_tokens=-3)
+    err = o.value.body
+    lines = [re.compile(r"^INFO: +POST /api/chat 400 \w+: " + re.escape(e.value.error) + "$",
+                        re.M),
+             re.compile(rf"^INFO: +POST /v1/chat/completions 400 {err['code']}: "
+                        + re.escape(err["message"]) + "$", re.M)]
+    wait_until(lambda: all(r.search(server.log()) for r in lines), timeout=10)
+    assert "num_ctx" in e.value.error and "max_tokens" in err["message"]
+    assert secret not in server.log() and "4417" not in server.log()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -78,15 +78,37 @@ def is_ollama(path: str) -> bool:
     return path.startswith("/api/")
 
 
-def error_response(err: APIError, path: str = "") -> JSONResponse:
-    """``err`` in the shape of the API ``path`` belongs to."""
+def error_response(err: APIError, path: str = "", method: str = "") -> JSONResponse:
+    """``err`` in the shape of the API ``path`` belongs to, logged (:func:`log_error`): every
+    error the server answers comes through here."""
     headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
     status, body = err.status, err.body()
     if is_ollama(path):
         body = ollama_error_body(err)
     elif is_anthropic(path):
         status, body = anthropic_error(err)
+    log_error(err, path, method, status)
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+MAX_LOGGED = 500             # characters of an error's message in its log line
+
+
+def _printable(text: str, limit: int = MAX_LOGGED) -> str:
+    """``text`` on one line, without control characters (a client's newline cannot forge log
+    lines), cut at ``limit`` characters."""
+    text = "".join(c if c.isprintable() else " " for c in text)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def log_error(err: APIError, path: str, method: str, status: int) -> None:
+    """One line for an error answered: the route, the status, the error's code and message
+    (``POST /api/chat 400 invalid_value: …``), at INFO (4xx) or WARNING (5xx); uvicorn's
+    access line has only the status. Never the request's body: the message is what the
+    client is told."""
+    log.log(logging.WARNING if status >= 500 else logging.INFO, "%s %s %d %s: %s",
+            method or "-", _printable(path, 200), status, err.code or err.type,
+            _printable(err.message))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,7 +147,7 @@ class Guard:
             headers = Headers(scope=scope)
             err = self.check(headers, scope["path"])
             if err is not None:
-                await error_response(err, scope["path"])(scope, receive, send)
+                await error_response(err, scope["path"], scope["method"])(scope, receive, send)
                 return
             if self.per_key and needs_key(scope["path"]):
                 scope[INDEX_KEY] = hashlib.sha256(_given_key(headers).encode()).hexdigest()
@@ -175,7 +197,7 @@ class OriginGuard:
             if origin is not None and origin not in self.origins and "*" not in self.origins:
                 err = APIError(403, f"requests from the web page at {origin} are not served: "
                                     f"start the server with --cors-origin {origin} to allow it")
-                await error_response(err, scope["path"])(scope, receive, send)
+                await error_response(err, scope["path"], scope["method"])(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -238,27 +260,27 @@ def metrics_endpoint(metrics):
 
 
 async def _api_error(request: Request, exc: APIError) -> Response:
-    return error_response(exc, request.url.path)
+    return error_response(exc, request.url.path, request.method)
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
-    path = request.url.path
+    path, method = request.url.path, request.method
     if exc.status_code == 404:
         hint = (" (edgespec serves /api/chat, /api/generate, /api/embed, /api/embeddings, "
                 "/api/tags, /api/show, /api/ps, /api/version, /api/pull, /api/delete and "
                 "/api/copy)") if is_ollama(path) else ""
-        return error_response(APIError(404, f"no such endpoint: {request.method} "
-                                            f"{path}{hint}", code="unknown_url"), path)
+        return error_response(APIError(404, f"no such endpoint: {method} {path}{hint}",
+                                       code="unknown_url"), path, method)
     if exc.status_code == 405:
-        return error_response(APIError(405, f"{request.method} is not allowed on "
-                                            f"{path}", code="method_not_allowed"), path)
-    return error_response(APIError(exc.status_code, str(exc.detail)), path)
+        return error_response(APIError(405, f"{method} is not allowed on {path}",
+                                       code="method_not_allowed"), path, method)
+    return error_response(APIError(exc.status_code, str(exc.detail)), path, method)
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
     log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
     return error_response(APIError(500, f"internal error: {exc}", type="server_error",
-                                   code="internal_error"), request.url.path)
+                                   code="internal_error"), request.url.path, request.method)
 
 
 def single_model(engine, name: str) -> ModelManager:
