@@ -373,9 +373,12 @@ def test_a_context_whose_load_fails_is_forgotten():
     assert loader.contexts == [5000, 100]
 
 
-def test_a_context_over_the_models_limits_is_refused_before_anything_loads():
+def test_a_context_over_the_models_limits_is_clamped_and_only_memory_refuses(caplog):
+    """As Ollama: a num_ctx over the trained context is served with the trained context (and
+    logged); what --max-ram cannot hold is refused before anything loads."""
     entries = {"a": fake_entry("a", size=600, kv=1, trained=1000)}
     mgr, loader = manager(entries, n_ctx=100, max_ram=1000)
+    roomy, loads = manager({"a": fake_entry("a", size=600, kv=1, trained=1000)}, n_ctx=100)
 
     async def refused(n_ctx, *words):
         with pytest.raises(InvalidParameterError) as e:
@@ -384,23 +387,28 @@ def test_a_context_over_the_models_limits_is_refused_before_anything_loads():
         assert e.value.name == "num_ctx" and all(w in str(e.value) for w in words), e.value
 
     async def main():
-        await refused(1001, "at most 1000", "the context it was trained with")
+        await refused(1001, "at most 400", "at 1000 tokens", "--max-ram")   # clamped, then
         await refused(500, "at most 400", "needs about", "--max-ram")   # 600 + 500 × 1 > 1000
         async with mgr.acquire("a", n_ctx=400) as lease:           # fits exactly
             assert lease.engine.n_ctx == 400
         await mgr.close()
+        assert roomy.context_for("a", 20000) == 1000
+        async with roomy.acquire("a", n_ctx=20000) as lease:       # aider's 1.25 × prompt + 8192
+            assert lease.engine.n_ctx == 1000
+        await roomy.close()
 
     anyio.run(main)
-    assert loader.contexts == [400]
+    assert loader.contexts == [400] and loads.contexts == [1000]
+    assert "num_ctx 20000 asked for a is more than its 1000 tokens (the context it was " \
+        "trained with): served with 1000" in caplog.text
     fixed, loads = manager(("a",), n_ctx=100, max_ctx=100)         # an Engine served as it is
 
     async def one_engine():
-        with pytest.raises(InvalidParameterError, match="cannot load it with another context"):
-            async with fixed.acquire("a", n_ctx=101):
-                pass
+        async with fixed.acquire("a", n_ctx=101) as lease:
+            assert lease.engine.n_ctx == 100
         await fixed.close()
     anyio.run(one_engine)
-    assert loads.loads == []
+    assert loads.contexts == [100] and "cannot load it with another context" in caplog.text
 
 
 # ---------------------------------------------------------------------------------------------
@@ -533,4 +541,33 @@ def test_the_catalog_and_the_manager_on_real_models(models_folder, smollm2_q4_pa
         await mgr.close()
         assert second.closed
 
+    anyio.run(main)
+
+
+def test_without_ctx_size_each_model_gets_its_trained_context_as_far_as_memory_allows():
+    """Both models' KV caches for every lane count; a multiple of 256; never below 4096 (or
+    the trained context if smaller); the server's manager uses it for every model."""
+    from edgespec.server.contexts import auto_context
+    from edgespec.server.slots import Budget
+    gib = 2**30
+    small = fake_entry("small", size=gib // 4, kv=24_576, trained=8192)
+    big = fake_entry("big", size=gib, kv=40_960, trained=32768)
+    tiny = fake_entry("tiny", size=1000, kv=10, trained=512)
+    four = Budget(max_ram=6 * gib, streams=4)
+    assert auto_context(small, four)[0] == 8192                       # trained: it fits
+    n, why = auto_context(big, four)                                  # 5 GiB / (4 × 40 KiB)
+    assert n == (5 * gib // (4 * 40_960)) // 256 * 256 == 32768 and "trained" in why
+    n, why = auto_context(big, Budget(max_ram=2 * gib, streams=4))
+    assert n == (gib // (4 * 40_960)) // 256 * 256 == 6400 and "--max-ram" in why
+    assert auto_context(big, Budget(max_ram=gib + 1, streams=4))[0] == 4096    # the floor
+    assert auto_context(tiny, four)[0] == 512
+    mgr, loader = manager({"small": small, "big": big}, auto_ctx=True, n_ctx=4096,
+                          max_ram=2 * gib, parallel=4)
+
+    async def main():
+        async with mgr.acquire("small") as lease:
+            assert lease.engine.n_ctx == 8192
+        async with mgr.acquire("big") as lease:
+            assert lease.engine.n_ctx == 6400
+        await mgr.close()
     anyio.run(main)

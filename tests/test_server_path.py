@@ -100,7 +100,7 @@ def test_the_context_and_thinking_a_body_asks_for():
 @pytest.fixture
 def small_model():
     """The app over a manager whose one model was trained with 1000 tokens and fits the
-    budget up to 400: a request over either is refused before anything loads."""
+    budget up to 400: a request over the budget is refused before anything loads."""
     small = CatalogEntry("small", Path("/nowhere/small.gguf"), None, "gguf", 600, 0.0,
                          {"format": "gguf"}, "0" * 64, 1, 1000)
 
@@ -112,8 +112,9 @@ def small_model():
         yield client
 
 
-def test_a_context_over_the_models_limits_is_a_400_in_either_api(small_model):
-    for n_ctx, words in [(5000, "the context it was trained with"), (500, "--max-ram")]:
+def test_a_context_over_the_memory_budget_is_a_400_in_either_api(small_model):
+    """5000 is clamped to the trained 1000, which --max-ram cannot hold either."""
+    for n_ctx, words in [(5000, "at 1000 tokens"), (500, "--max-ram")]:
         r = small_model.post("/v1/chat/completions", json={"model": "small", "messages": HI,
                                                            "num_ctx": n_ctx})
         error = r.json()["error"]

@@ -118,6 +118,7 @@ class LeasedResponse:
             await self.leases.aclose()
 
 
+CONTEXT_HEADER = "X-Edgespec-Num-Ctx"
 # Where the guard (app.py) leaves a request's key digest: whose suffix index it drafts from.
 INDEX_KEY = "edgespec.index_key"
 
@@ -172,16 +173,19 @@ class GenerationPath:
                                                                           index_key=key))
         gen = await run_in_threadpool(_mapped, lease.engine.asubmit, req)
         endpoint = request.url.path
+        # the context it is served with (a num_ctx over the model's is clamped: contexts.py)
+        served = {CONTEXT_HEADER: str(lease.engine.n_ctx)}
         if req.stream:
             frames = self._frames(gen, framing, req.holds_answer, lease.name, endpoint, timing)
             stream = StreamingResponse(guarded(frames, gen, framing),
-                                       media_type=framing.media_type, headers=STREAM_HEADERS)
+                                       media_type=framing.media_type,
+                                       headers={**STREAM_HEADERS, **served})
             return LeasedResponse(stream, leases.pop_all())
         result = await self._collect(request, gen, framing.log_id, timing)
         self._count(lease.name, endpoint, result, timing)
         if result.finish_reason == "cancelled":
             raise cancelled()
-        return JSONResponse(framing.body(result))
+        return JSONResponse(framing.body(result), headers=served)
 
     @staticmethod
     async def prompt_tokens(lease: Lease, req: APIRequest) -> list[int]:

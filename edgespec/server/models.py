@@ -56,7 +56,9 @@ class ModelManager(ModelNames):
     idle model stays loaded when a request does not say (negative: for ever; 0: unloaded at
     once). ``aliases``: extra names for catalog names. ``n_ctx``: the context the loads use
     unless a request asks for more (default: the ``preloaded`` Engine's); ``max_ctx``: the
-    most a request may ask for (None: each model's trained context; :mod:`.contexts`).
+    most a request may have (None: each model's trained context; :mod:`.contexts`);
+    ``auto_ctx``: each model's default context is its own (:func:`.contexts.auto_context`),
+    not ``n_ctx``.
     ``preloaded``: ``(name, engine)`` already loaded (the server's startup model); it is
     kept ``keep_alive`` seconds from now unless a request uses it.
     """
@@ -67,12 +69,12 @@ class ModelManager(ModelNames):
                  max_ram: Optional[int] = None, keep_alive: float = DEFAULT_KEEP_ALIVE,
                  aliases: Mapping[str, str] = {}, n_ctx: Optional[int] = None,
                  max_ctx: Optional[int] = None, parallel: int = 1,
-                 preloaded: Optional[tuple[str, Engine]] = None):
+                 preloaded: Optional[tuple[str, Engine]] = None, auto_ctx: bool = False):
         super().__init__(catalog, aliases)
         self.budget = Budget(max_loaded, max_ram, parallel)
         self._load = load
         self.keep_alive = keep_alive
-        self.contexts = ContextPolicy(n_ctx or 0, self.budget, max_ctx)
+        self.contexts = ContextPolicy(n_ctx or 0, self.budget, max_ctx, auto=auto_ctx)
         self._slots: dict[str, Slot] = {}
         self._closing: list[Slot] = []          # unloaded, memory not freed yet
         self._changed: Optional[anyio.Event] = None
@@ -121,6 +123,7 @@ class ModelManager(ModelNames):
             entry = self.resolve(name)
         except ModelNotFound:
             return max(self.contexts.default, n_ctx or 0)
+        n_ctx = self.contexts.clamp(entry, n_ctx)
         slot = self._slots.get(entry.name)
         if slot is not None and slot.engine is not None and not slot.retiring \
                 and self.contexts.serves(slot.engine.n_ctx, n_ctx):
@@ -160,7 +163,7 @@ class ModelManager(ModelNames):
         """
         self._check_open()
         entry = self.resolve(name)
-        self.contexts.ask(entry, n_ctx)
+        n_ctx = self.contexts.ask(entry, n_ctx)
         self._start_reaper()
         slot, seconds = await self._lease(entry, n_ctx)
         slot.keep_alive = self.keep_alive if keep_alive is None else keep_alive
