@@ -277,7 +277,8 @@ class Engine:
                raw: bool = False, stop: Sequence[str] = (),
                constraint: Optional[Constraint] = None, tools: Optional[Sequence] = None,
                tool_choice: Any = None, parallel_tool_calls: bool = False,
-               logprobs: Optional[int] = None, think: Any = None) -> Stream:
+               logprobs: Optional[int] = None, think: Any = None,
+               suffix: Optional[str] = None) -> Stream:
         """Like :meth:`generate`, streaming :class:`StreamEvent` objects as tokens commit.
 
         ``tools``: functions the model may call (OpenAI's shape, or :class:`~edgespec.tools.
@@ -286,6 +287,10 @@ class Engine:
         ``logprobs``: this many alternatives per token in ``Generation.logprobs``. ``think``:
         a thinking model's reasoning on (True, ``"low"``…) or off; its events and result
         carry it in ``thinking`` (:mod:`edgespec.thinking`), a constraint shapes the answer.
+        ``suffix``: fill in the middle: the output goes between ``prompt`` (the text before
+        the gap, as-is) and ``suffix``, for models with fill-in-the-middle tokens (code
+        models such as Qwen2.5-Coder); others raise :class:`~edgespec.errors.
+        InvalidParameterError`.
 
         Arguments are checked and the prompt tokenized here (errors are raised by this call);
         the generation waits for a lane when the stream is first advanced. See
@@ -294,7 +299,8 @@ class Engine:
         return self.submit(GenerationRequest(
             prompt, max_tokens=max_tokens, sampling=sampling, speculative=speculative, raw=raw,
             stop=stop, constraint=constraint, tools=tools, tool_choice=tool_choice,
-            parallel_tool_calls=parallel_tool_calls, logprobs=logprobs, think=think))
+            parallel_tool_calls=parallel_tool_calls, logprobs=logprobs, think=think,
+            suffix=suffix))
 
     def submit(self, req: GenerationRequest) -> Stream:
         """:meth:`stream` for a request built beforehand (a server's parsed body): the same

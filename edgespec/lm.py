@@ -36,6 +36,8 @@ class VocabInfo:
     add_bos: bool
     add_eos: bool
     eog: frozenset[int]       # every end-of-generation token
+    # fill-in-the-middle: (prefix, suffix, middle) token ids; None: the model has none
+    fim: Optional[tuple[int, int, int]] = None
 
     @property
     def type_name(self) -> str:

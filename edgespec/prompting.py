@@ -42,7 +42,7 @@ class Prompter:
         stop = check_limits(req.max_tokens, req.stop, req.logprobs)
         constraint = req.constraint
         mode = separates(self.template.thinking, req.think,
-                         raw=isinstance(req.prompt, str) and req.raw)
+                         raw=isinstance(req.prompt, str) and (req.raw or req.suffix is not None))
         text, tokens, plan = self.plan(req)
         if plan is not None:
             if constraint is not None and plan.constraint is not None:
@@ -61,6 +61,8 @@ class Prompter:
 
     def plan(self, req: GenerationRequest) -> tuple[str, list[int], Optional[ToolPlan]]:
         """``req``'s prompt as text and tokens, and how it uses its tools (None: none)."""
+        if req.suffix is not None:
+            return req.prompt, self.infill(req), None
         plan = plan_request(req.prompt, req.tools, req.tool_choice,
                             parallel=req.parallel_tool_calls,
                             native_template=self.template.writes_tool_call_tags,
@@ -71,6 +73,28 @@ class Prompter:
             text = self.text(plan.messages, tools=plan.template_tools, validated=True,
                              think=req.think)
         return text, self._tokens(text, req.prompt), plan
+
+    def infill(self, req: GenerationRequest) -> list[int]:
+        """The tokens of a fill-in-the-middle request: the text before and after the gap in
+        the model's FIM tokens, prefix-suffix-middle (as llama.cpp's ``/infill``), the texts
+        tokenized without reading special tokens in them."""
+        fim = self.target.vocab.fim
+        if fim is None:
+            raise InvalidParameterError("suffix", req.suffix, "left out: this model does not "
+                                        "fill in the middle (its vocabulary has no fill-in-"
+                                        "the-middle tokens); use a code model such as "
+                                        "Qwen2.5-Coder")
+        if not isinstance(req.prompt, str):
+            raise InvalidParameterError("prompt", type(req.prompt).__name__, "a text (the "
+                                        "code before the gap) when a suffix is given")
+        if req.tools is not None or req.think:
+            raise InvalidParameterError("suffix", req.suffix, "left out with tools or thinking: "
+                                        "filling in the middle writes code, not calls")
+        with self._life:
+            before, after = (self.target.tokenize(t, add_special=False, parse_special=False)
+                             for t in (req.prompt, req.suffix))
+        bos = [self.target.vocab.bos] if self.target.vocab.add_bos else []
+        return bos + [fim[0], *before, fim[1], *after, fim[2]]
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         with self._life:

@@ -38,6 +38,8 @@ class GenerationRequest:
     Constraint`); ``tools`` / ``tool_choice`` / ``parallel_tool_calls``: functions the model
     may call; ``logprobs``: each token's log probability with this many alternatives;
     ``think``: a thinking model's reasoning on or off (None: its template's default).
+    ``suffix``: fill in the middle: the output goes between ``prompt`` (a text, sent as-is)
+    and this text, in the model's fill-in-the-middle tokens (code models; None: no suffix).
     ``index_key``: whose earlier requests its drafts may come from and it adds to (a
     server's API key, digested; None: the Engine's own callers; see
     :mod:`edgespec.drafting.suffix`). :meth:`Engine.stream <edgespec.engine.Engine.stream>`
@@ -56,6 +58,7 @@ class GenerationRequest:
     logprobs: Optional[int] = None
     think: Any = None
     index_key: Optional[str] = None
+    suffix: Optional[str] = None
 
 
 @dataclass(frozen=True)

@@ -286,7 +286,10 @@ def test_generate_raw_sends_the_prompt_as_is():
 
 def test_generate_refusals():
     generate_refused("template is not supported", "/api/chat", template="{{ .Prompt }}")
-    generate_refused("suffix is not supported", suffix="    return result")
+    filled = generate(suffix="    return result").gen        # fill in the middle: no template
+    assert (filled.kind, filled.prompt, filled.generation.suffix) == \
+        ("completion", "Once upon a time", "    return result")
+    generate_refused("system is not supported", "no template", suffix="x", system="S")
     generate_refused("context is not supported", "deprecated", "/api/chat", context=[1, 2, 3])
     generate_refused("images is not supported: edgespec serves text models", images=["iVBO"])
     generate_refused("prompt=[1] is invalid", prompt=[1])

@@ -21,11 +21,12 @@ from .quantize import FTYPES, check_ftype, quantize
 from .remote import RemoteModel, open_model
 from .rpc import placement, rpc_endpoints
 from .runtime import LLAMA_CPP_VERSION, backend_info, release_free_heap
-from .vocab import GrammarVocab, VocabOnly, check_compatible, check_compatible_files
+from .vocab import (GrammarVocab, VocabOnly, check_compatible, check_compatible_files,
+                    file_fim)
 from .vocab_map import VocabMap, check_pair, check_pair_files
 
 __all__ = ["LlamaModel", "FTYPES", "check_ftype", "quantize", "LLAMA_CPP_VERSION",
            "backend_info", "cpu_check_info", "release_free_heap", "GrammarVocab", "VocabOnly",
-           "check_compatible", "check_compatible_files", "RemoteModel", "open_model", "placement",
-           "rpc_endpoints", "open_pair", "same_network", "VocabMap", "check_pair",
+           "file_fim", "check_compatible", "check_compatible_files", "RemoteModel", "open_model",
+           "placement", "rpc_endpoints", "open_pair", "same_network", "VocabMap", "check_pair",
            "check_pair_files"]

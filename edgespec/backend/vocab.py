@@ -14,6 +14,7 @@ import ctypes
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Optional
 
 import llama_cpp.llama_cpp as C
 
@@ -33,10 +34,14 @@ def read_vocab(vocab_p) -> VocabInfo:
     # llama.cpp marks end-of-generation tokens by id and by text; asking it for every id is
     # the only exact answer and costs ~0.1 s for a 262k vocabulary, once.
     eog = frozenset(i for i in range(n) if is_eog(vocab_p, i))
+    # llama.cpp finds the fill-in-the-middle tokens by their texts (<|fim_prefix|> …)
+    fim = (C.llama_vocab_fim_pre(vocab_p), C.llama_vocab_fim_suf(vocab_p),
+           C.llama_vocab_fim_mid(vocab_p))
     return VocabInfo(n_vocab=n, vocab_type=C.llama_vocab_type(vocab_p),
                      bos=C.llama_vocab_bos(vocab_p), eos=C.llama_vocab_eos(vocab_p),
                      add_bos=bool(C.llama_vocab_get_add_bos(vocab_p)),
-                     add_eos=bool(C.llama_vocab_get_add_eos(vocab_p)), eog=eog)
+                     add_eos=bool(C.llama_vocab_get_add_eos(vocab_p)), eog=eog,
+                     fim=fim if min(fim) >= 0 else None)
 
 
 class Vocabulary:
@@ -193,6 +198,20 @@ def check_compatible(target, draft) -> None:
             raise IncompatiblePairError(
                 f"token {i} differs (target {a.decode('utf-8', 'replace')!r}, draft "
                 f"{b.decode('utf-8', 'replace')!r})")
+
+
+_FIM: dict[tuple[str, int, int], Optional[tuple[int, int, int]]] = {}
+
+
+def file_fim(path: str | os.PathLike) -> Optional[tuple[int, int, int]]:
+    """The fill-in-the-middle token ids of the model file at ``path`` (None: it has none),
+    from its vocabulary alone (read once per file, by path, size and mtime)."""
+    st = os.stat(path)
+    key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _FIM:
+        with VocabOnly(path) as v:
+            _FIM[key] = v.vocab.fim
+    return _FIM[key]
 
 
 class GrammarVocab:

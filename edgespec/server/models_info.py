@@ -35,6 +35,17 @@ def template_label(entry: CatalogEntry, engine: Optional[Engine]) -> str:
     return LABELS["model" if entry.has_template else "plain"]
 
 
+def fills_middle(entry: CatalogEntry, engine: Optional[Engine]) -> bool:
+    """Whether the model fills in the middle (its vocabulary has FIM tokens: Ollama's
+    ``insert`` capability, the ``suffix`` of /api/generate and /v1/completions)."""
+    if entry.kind == "embedding":
+        return False
+    if engine is not None:
+        return engine.target.vocab.fim is not None
+    from ..backend import file_fim
+    return file_fim(entry.target) is not None
+
+
 def thinks(entry: CatalogEntry, engine: Optional[Engine]) -> bool:
     """Whether the model's chat template has a thinking mode (:mod:`edgespec.thinking`)."""
     if engine is None or entry.kind == "embedding":      # (an Embedder: no template)

@@ -28,7 +28,7 @@ from .generation import GenerationPath, Timing
 from .ollama_replies import (OllamaReply, ollama_error_body, ps_body, show_body, tags_body,
                              version_body)
 from .ollama_request import OllamaRequest, parse_ollama_chat, parse_ollama_generate
-from .models_info import contexts, thinks
+from .models_info import contexts, fills_middle, thinks
 from .wire import APIError, asked, fit_parallel
 
 
@@ -111,8 +111,9 @@ class OllamaRoutes:
         else:      # not loaded: what its file says (no load for a look)
             gguf = await run_in_threadpool(read_gguf, entry.target)
             info, template = {}, gguf.chat_template or ""
+        fills = await run_in_threadpool(fills_middle, entry, engine)
         return JSONResponse(show_body(entry, info, template, contexts(self.manager, entry),
-                                      thinks(entry, engine)))
+                                      thinks(entry, engine), fills))
 
     async def chat(self, request: Request) -> Response:
         timing = Timing()

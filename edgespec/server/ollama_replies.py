@@ -184,7 +184,8 @@ def ps_body(loaded: Sequence) -> dict:
     return {"models": models}
 
 
-def show_body(entry, info: dict, template: str, contexts: tuple, thinks: bool) -> dict:
+def show_body(entry, info: dict, template: str, contexts: tuple, thinks: bool,
+              fills: bool = False) -> dict:
     """``POST /api/show`` for a catalog entry. ``info``: :meth:`Engine.info() <edgespec.
     engine.Engine.info>` of the loaded pair ({} when the entry is not loaded); ``template``:
     the chat template (Jinja, not Ollama's Go templates); ``contexts``: the target's and the
@@ -207,7 +208,8 @@ def show_body(entry, info: dict, template: str, contexts: tuple, thinks: bool) -
     return {"modelfile": modelfile, "parameters": f"{'num_ctx':<30} {n_ctx}",
             "template": template, "details": _details(entry), "model_info": model_info,
             "capabilities": (["embedding"] if entry.kind == "embedding"
-                             else ["completion", "tools", *(["thinking"] if thinks else [])]),
+                             else ["completion", "tools", *(["insert"] if fills else []),
+                                   *(["thinking"] if thinks else [])]),
             "modified_at": _at(entry.modified),
             "edgespec": {"kind": entry.kind, "target": str(entry.target),
                          "draft": str(entry.draft) if entry.draft else None,

@@ -14,8 +14,9 @@ OpenAI's, which the engine reads. ``think`` turns a thinking model's reasoning o
 (:mod:`edgespec.thinking`); ``options.num_ctx`` is the context the model must be loaded with
 (:mod:`.contexts`). ``truncate`` and ``shift`` are accepted and ignored: edgespec never cuts
 the history (a prompt over the context is a 400) and stops at the context edge
-(``done_reason`` ``"length"``). Images,
-``suffix``, ``template`` and the deprecated ``context`` are refused by name; any other
+(``done_reason`` ``"length"``). ``suffix`` fills in the middle (the prompt is the text before
+the gap, sent in the model's fill-in-the-middle tokens; a model without them is a 400). Images,
+``template`` and the deprecated ``context`` are refused by name; any other
 top-level field is refused as unknown, so that a typo is not silently ignored.
 """
 
@@ -256,7 +257,8 @@ def _start(body: Any, fields: set) -> str:
 
 
 def _request(body: dict, model: str, kind: str, prompt: Any, n_ctx: int,
-             tools: Optional[list[Tool]] = None) -> OllamaRequest:
+             tools: Optional[list[Tool]] = None, suffix: Optional[str] = None
+             ) -> OllamaRequest:
     stream = get_field(body, "stream", "bool", True)     # Ollama streams unless told not to
     keep_alive = parse_keep_alive(body.get("keep_alive"))
     think = _think(body)
@@ -272,7 +274,7 @@ def _request(body: dict, model: str, kind: str, prompt: Any, n_ctx: int,
             raw=kind == "completion", stop=options.stop, constraint=constraint, tools=tools,
             tool_choice="auto" if tools else None,
             parallel_tool_calls=bool(tools),            # Ollama returns several calls
-            logprobs=logprobs, think=think), num_ctx=options.num_ctx)
+            logprobs=logprobs, think=think, suffix=suffix), num_ctx=options.num_ctx)
     return OllamaRequest(model=model, gen=gen, keep_alive=keep_alive, num_ctx=options.num_ctx,
                          load_only=gen is None)
 
@@ -302,8 +304,10 @@ def parse_ollama_generate(body: Any, n_ctx: int) -> OllamaRequest:
     if get_field(body, "template", "str", ""):
         raise unsupported("template", "edgespec applies the model's own chat template: send "
                           "raw: true with a prompt formatted yourself, or use /api/chat")
-    if get_field(body, "suffix", "str", ""):
-        raise unsupported("suffix", "edgespec does not fill in the middle")
+    suffix = get_field(body, "suffix", "str", "") or None
+    if suffix is not None and not raw and system:
+        raise unsupported("system", "a suffix fills in the middle of the prompt's text, with "
+                          "no template, so there is no place for a system message")
     if body.get("context") not in (None, []):
         raise unsupported("context", "the deprecated token-array continuation is not "
                           "available: keep the conversation in /api/chat's messages")
@@ -313,11 +317,12 @@ def parse_ollama_generate(body: Any, n_ctx: int) -> OllamaRequest:
         raise unsupported("system", "raw: true applies no template, so there is no place for "
                           "a system message: put it in the prompt")
     check_size(len(prompt) + len(system), n_ctx, "prompt")
-    if not prompt:
+    if not prompt and suffix is None:
         text = None
-    elif raw:
+    elif raw or suffix is not None:
         text = prompt
     else:
         text = ([{"role": "system", "content": system}] if system else []) + \
             [{"role": "user", "content": prompt}]
-    return _request(body, model, "completion" if raw else "chat", text, n_ctx)
+    return _request(body, model, "completion" if raw or suffix is not None else "chat", text,
+                    n_ctx, suffix=suffix)

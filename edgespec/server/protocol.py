@@ -12,8 +12,9 @@ sampling extensions ``top_k``, ``min_p`` and ``repeat_penalty``: structured outp
 (a thinking model's reasoning: ``"none"`` turns it off, a level on; the reasoning comes back
 as ``reasoning_content``), and ``num_ctx``, the context the model must be loaded with (the
 field Ollama's users send, as Ollama's own ``options.num_ctx``). Sampling settings a request
-leaves out keep edgespec's defaults (llama.cpp's). Features edgespec does not have (several
-choices, logit bias, fill-in-the-middle) are refused by name rather than ignored; fields that
+leaves out keep edgespec's defaults (llama.cpp's). A completion's ``suffix`` fills in the
+middle, for models with fill-in-the-middle tokens. Features edgespec does not have (several
+choices, logit bias) are refused by name rather than ignored; fields that
 only label a request (``user``, ``metadata`` …) are accepted and ignored; any other field is
 refused as unknown.
 """
@@ -70,8 +71,6 @@ def _refuse_features(body: dict) -> None:
         raise invalid("best_of", body["best_of"], "1", code="unsupported_value")
     if body.get("echo") not in (None, False):
         raise unsupported("echo", "the prompt is not repeated in the output")
-    if body.get("suffix") not in (None, ""):
-        raise unsupported("suffix", "edgespec does not fill in the middle")
     if body.get("logit_bias") not in (None, {}):
         raise unsupported("logit_bias", "it would change the target's distribution")
     for name, instead in (("functions", "tools"), ("function_call", "tool_choice")):
@@ -259,9 +258,17 @@ def _common(body: dict, kind: str, prompt, n_ctx: int, default_max: int) -> APIR
                                    speculative=speculative, raw=kind == "completion", stop=stop,
                                    constraint=constraint, tools=tools, tool_choice=choice,
                                    parallel_tool_calls=parallel, logprobs=logprobs,
-                                   think=_think(body) if kind == "chat" else None)
+                                   think=_think(body) if kind == "chat" else None,
+                                   suffix=_suffix(body) if kind == "completion" else None)
     return APIRequest(kind=kind, model=body.get("model"), generation=generation, stream=stream,
                       include_usage=include_usage, num_ctx=context)
+
+
+def _suffix(body: dict) -> Optional[str]:
+    """The text after the gap a completion fills in (None: no suffix; "" counts as none, as
+    in OpenAI's API)."""
+    suffix = _optional(body, "suffix", lambda v: isinstance(v, str), "a string")
+    return suffix or None
 
 
 def parse_chat(body: Any, n_ctx: int) -> APIRequest:

@@ -1,8 +1,15 @@
-"""Tools as real clients use them, through a real `edgespec serve`: a cut answer never shows
-the tool format's wrapper on any route (OpenAI, Ollama, Anthropic; whole and streamed), and a
-forced choice (Anthropic's ``tool``/``any``, OpenAI's named function/``required``) always
-calls, ``none`` never does, on a model whose template has no tool tags (SmolLM2: the generic
-JSON format) and on one whose tags are special tokens (Qwen2.5-Coder: ``<tool_call>``)."""
+"""What real clients send, through a real `edgespec serve` started with no --ctx-size, with
+the official openai, ollama and anthropic clients.
+
+- Tools: a cut answer never shows the tool format's wrapper on any route (OpenAI, Ollama,
+  Anthropic; whole and streamed), and a forced choice (Anthropic's ``tool``/``any``, OpenAI's
+  named function/``required``) always calls, ``none`` never does, on a model whose template
+  has no tool tags (SmolLM2: the generic JSON format) and on one whose tags are special
+  tokens (Qwen2.5-Coder: ``<tool_call>``).
+- Contexts: each model's default is its trained context as far as memory allows, said at
+  start-up and in /api/ps; aider's num_ctx (1.25 × prompt + 8192) is clamped, not refused.
+- Fill-in-the-middle: ``suffix`` on /api/generate and /v1/completions for a model with FIM
+  tokens (Ollama's ``insert`` capability), a one-line 400 for one without."""
 
 from __future__ import annotations
 
@@ -16,7 +23,6 @@ import pytest
 
 from server_helpers import ServerProcess, stop_checked
 
-N_CTX = 1024
 SMOL = "SmolLM2-135M-Instruct.F32"
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
            "required": ["city"], "additionalProperties": False}
@@ -36,7 +42,7 @@ WRAPPER = ('{"', '"response"', '"tool_call', "<tool_call>")
 @pytest.fixture(scope="module")
 def server(smollm2_f32_path, smollm2_q4_path, qwen_draft_path):
     s = ServerProcess("--target", smollm2_f32_path, "--draft", smollm2_q4_path,
-                      "--ctx-size", N_CTX, "--max-loaded", 2)
+                      "--max-loaded", 2)
     yield s
     stop_checked(s)
 
@@ -218,3 +224,68 @@ def test_plain_text_never_tokenizes_to_a_special_token_for_the_grammar(qwen_draf
 def test_a_cut_generic_answer_gives_the_text_inside_its_wrapper(cut, text):
     from edgespec.tools import _cut_response
     assert _cut_response(cut) == text
+
+
+# ---------------------------------------------------------------------------------------------
+# Contexts
+
+
+def test_each_model_gets_its_trained_context_as_memory_allows_and_says_so(server, clients,
+                                                                         qwen):
+    """No --ctx-size: the started pair gets its own default (SmolLM2 was trained with 8192),
+    said at start-up, in /api/ps and /api/show; a model loaded by name gets its own."""
+    from edgespec.catalogue import scan_catalog
+    from edgespec.server.contexts import auto_context
+    from edgespec.server.slots import Budget
+    _, ol, _ = clients
+    assert "context: 8192 tokens for each of 4 generation(s) at once (the context it was " \
+        "trained with" in server.log()
+    [smol] = [m for m in ol.ps().models if m.model.startswith(SMOL)]
+    assert smol.context_length == 8192
+    assert ol.show(SMOL).modelinfo["llama.context_length"] == 8192
+    ol.generate(model=qwen, prompt="1", options={"num_predict": 1})
+    [loaded] = [m for m in ol.ps().models if m.model.startswith(qwen)]
+    want, _ = auto_context(scan_catalog()[qwen], Budget(2, None, 4))
+    assert loaded.context_length == want and want >= 4096
+
+
+def test_aiders_num_ctx_over_the_trained_context_is_clamped_not_refused(server, clients):
+    """aider sends options.num_ctx = 1.25 × its prompt + 8192 on every request (and retried a
+    400 seven times before giving up): served with the trained context, said in the log and
+    in the response's X-Edgespec-Num-Ctx header."""
+    import httpx
+    messages = [{"role": "system", "content": "Act as an expert software developer."},
+                {"role": "user", "content": "Say hi."}]
+    num_ctx = int(1.25 * 40) + 8192                   # aider's rule, for a ~40-token prompt
+    r = clients[1].chat(model=SMOL, messages=messages,
+                        options={"temperature": 0, "num_ctx": num_ctx, "num_predict": 4})
+    assert r.done and r.message.content
+    with httpx.stream("POST", f"http://127.0.0.1:{server.port}/api/chat", timeout=120,
+                      json={"model": SMOL, "messages": messages, "stream": True,
+                            "options": {"temperature": 0, "num_ctx": num_ctx,
+                                        "num_predict": 4}}) as s:
+        assert s.status_code == 200 and s.headers["x-edgespec-num-ctx"] == "8192"
+        assert json.loads(list(s.iter_lines())[-1])["done"]
+    assert f"num_ctx {num_ctx} asked for {SMOL} is more than its 8192 tokens (the context " \
+        "it was trained with): served with 8192" in server.log()
+    assert "reloading" not in server.log()
+
+
+# ---------------------------------------------------------------------------------------------
+# Fill-in-the-middle
+
+
+def test_a_suffix_fills_in_the_middle_on_a_model_with_fim_tokens(clients, qwen):
+    oa, ol, _ = clients
+    assert "insert" in ol.show(qwen).capabilities
+    assert "insert" not in ol.show(SMOL).capabilities
+    before, after = "def add(a, b):\n    ", "\n\nprint(add(1, 2))\n"
+    r = ol.generate(model=qwen, prompt=before, suffix=after,
+                    options={"temperature": 0, "num_predict": 12})
+    assert "return a + b" in r.response, r.response
+    c = oa.completions.create(model=qwen, prompt=before, suffix=after, max_tokens=12,
+                              temperature=0)
+    assert c.choices[0].text == r.response
+    with pytest.raises(ollama.ResponseError) as e:
+        ol.generate(model=SMOL, prompt=before, suffix=after)
+    assert e.value.status_code == 400 and "does not fill in the middle" in str(e.value)
