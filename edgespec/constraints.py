@@ -93,7 +93,8 @@ class Constraint:
             raise ConstraintError(f"a JSON schema must be a JSON object, not "
                                   f"{type(schema).__name__}")
         _check_schema(schema)
-        grammar = LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_STYLE)
+        grammar = LLMatcher.grammar_from_json_schema(closed_objects(schema),
+                                                     defaults=_JSON_STYLE)
         return cls._checked("json_schema", json.dumps(schema), grammar, schema, "the JSON schema")
 
     @classmethod
@@ -175,6 +176,41 @@ class Constraint:
             raise ConstraintError(f"the output is not complete JSON: {e}") from None
         validate_json(value, self.schema)
         return value
+
+
+_SUBSCHEMAS = ("items", "additionalItems", "contains", "not", "if", "then", "else")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "dependentSchemas")
+
+
+def closed_objects(schema: Any) -> Any:
+    """``schema`` with every object that lists its ``properties`` and says nothing of others
+    closed to them (``additionalProperties: false``), as llama.cpp's schema-to-grammar does:
+    a model held to a tool's schema otherwise invents keys (SmolLM2 sent get_weather(city,
+    type, description), which the client's function refused). What the output may be only
+    narrows, so the output still validates against ``schema`` as given. ``allOf`` members stay
+    open: closing each would forbid the others' properties."""
+    if isinstance(schema, list):
+        return [closed_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SUBSCHEMAS:
+        if isinstance(out.get(key), (dict, list)):
+            out[key] = closed_objects(out[key])
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed_objects(s) for s in out[key]]
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: closed_objects(v) for k, v in out[key].items()}
+    if isinstance(out.get("additionalProperties"), dict):
+        out["additionalProperties"] = closed_objects(out["additionalProperties"])
+    if (isinstance(out.get("properties"), dict) and "additionalProperties" not in out
+            and "patternProperties" not in out and "unevaluatedProperties" not in out
+            and "allOf" not in out):
+        out["additionalProperties"] = False
+    return out
 
 
 def _check_schema(schema: dict) -> None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 from .chat_template import arguments_value, new_call_id, validate_messages
-from .constraints import Constraint, _check_schema, validate_json
+from .constraints import Constraint, _check_schema, closed_objects, validate_json
 from .errors import ConstraintError, InvalidParameterError
 
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -179,7 +179,8 @@ def _in_words(m: dict) -> dict:
 
 def _call_schema(tools: Sequence[Tool]) -> dict:
     return {"anyOf": [{"type": "object",
-                       "properties": {"name": {"const": t.name}, "arguments": t.parameters},
+                       "properties": {"name": {"const": t.name},
+                                      "arguments": closed_objects(t.parameters)},
                        "required": ["name", "arguments"], "additionalProperties": False}
                       for t in tools]}
 

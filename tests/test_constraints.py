@@ -231,3 +231,45 @@ def test_masking_only_p_is_caught():
     g, df, p = g_against(counts, exact)
     assert p < ALPHA and excess(g, df, ALPHA) >= 20, \
         f"the broken drafter passed: G {g:.1f} ({df} df), p = {p:.2e}"
+
+
+def test_objects_that_list_their_properties_are_closed_to_others_as_llama_cpp_does():
+    from edgespec.constraints import closed_objects
+    schema = {"type": "object", "properties": {
+        "city": {"type": "string"},
+        "where": {"type": "object", "properties": {"lat": {"type": "number"}}},
+        "tags": {"type": "array", "items": {"type": "object", "properties": {"k": {}}}},
+        "free": {"type": "object"},
+        "open": {"type": "object", "properties": {"a": {}}, "additionalProperties": True},
+        "both": {"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]}},
+        "$defs": {"d": {"properties": {"x": {}}}}}
+    out = closed_objects(schema)
+    assert out["additionalProperties"] is False
+    p = out["properties"]
+    assert p["where"]["additionalProperties"] is False
+    assert p["tags"]["items"]["additionalProperties"] is False
+    assert "additionalProperties" not in p["free"]              # no properties listed: any
+    assert p["open"]["additionalProperties"] is True              # said: kept
+    assert all("additionalProperties" not in m for m in p["both"]["allOf"])
+    assert out["$defs"]["d"]["additionalProperties"] is False
+    assert "additionalProperties" not in schema                   # the caller's is untouched
+
+
+def test_a_tool_schema_without_additional_properties_admits_no_invented_key(smollm2_q4_path):
+    """The grammar (not only the check after it) refuses a key the schema does not list."""
+    from edgespec.backend import GrammarVocab
+    from edgespec.constraints import tokenizer_for
+    vocab = GrammarVocab(smollm2_q4_path)
+    schema = {"type": "object", "properties": {"city": {"type": "string"}},
+              "required": ["city"]}
+
+    def taken(text: str) -> tuple[int, int]:
+        g = GrammarState(Constraint.json_schema(schema), tokenizer_for(smollm2_q4_path,
+                                                                       lambda: vocab),
+                         len(vocab.pieces))
+        tokens = vocab.tokenize(text.encode())
+        return g.consume(tokens), len(tokens)
+    n, total = taken('{"city": "Paris"}')
+    assert n == total
+    n, total = taken('{"city": "Paris", "type": "string"}')
+    assert n < total
