@@ -244,3 +244,12 @@ def test_a_fuzz_of_bad_bodies_gets_only_anthropic_errors(server):
                 assert out["error"]["message"] and "\n" not in out["error"]["message"]
     assert refused > 30
     assert health(server.port)["status"] == "ok"
+
+
+def test_the_models_list_is_in_anthropics_shape_for_its_client(client):
+    page = client.models.list()
+    served = [m for m in page.data if m.id == SERVED]
+    assert served and served[0].type == "model" and served[0].display_name == SERVED
+    assert served[0].created_at.year >= 2024
+    assert page.first_id == page.data[0].id and page.has_more is False
+    assert client.models.retrieve(SERVED).display_name == SERVED

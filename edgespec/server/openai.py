@@ -24,6 +24,7 @@ from .generation import GenerationPath, Timing
 from .protocol import parse_chat, parse_completion
 from .replies import Reply, token_event
 from .models_info import contexts, template_label, thinks
+from .ollama_replies import rfc3339
 from .wire import APIError, APIRequest, asked
 
 
@@ -88,13 +89,16 @@ class OpenAIRoutes:
                 Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
                 Route("/v1/completions", self.completions, methods=["POST"])]
 
-    def model_card(self, entry) -> dict:
+    def model_card(self, entry, anthropic: bool = False) -> dict:
         """A model as ``/v1/models`` lists it, with ``context_length`` (LM Studio's and
         Ollama's name; ``max_model_len``, vLLM's): the context it is loaded with, or would
-        be loaded with (:func:`~.models_info.contexts`)."""
+        be loaded with (:func:`~.models_info.contexts`). ``anthropic``: Anthropic's fields
+        too (``type``, ``display_name``, ``created_at``), for its clients."""
         n_ctx, draft_ctx = contexts(self.path.manager, entry)
         engine = self.path.manager.engine_for(entry.name)
-        return {"id": entry.name, "object": "model", "created": int(entry.modified),
+        extra = {"type": "model", "display_name": entry.name,
+                 "created_at": rfc3339(int(entry.modified * 1e9))} if anthropic else {}
+        return {**extra, "id": entry.name, "object": "model", "created": int(entry.modified),
                 "owned_by": "edgespec", "context_length": n_ctx, "max_model_len": n_ctx,
                 "edgespec": {"kind": entry.kind, "draft": entry.draft.name if entry.draft
                              else None, "loaded": engine is not None,
@@ -104,11 +108,17 @@ class OpenAIRoutes:
                              "thinking": thinks(entry, engine)}}
 
     async def models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [
-            self.model_card(e) for e in self.path.manager.listing()]})
+        cards = [self.model_card(e, _anthropic(request))
+                 for e in self.path.manager.listing()]
+        if not _anthropic(request):
+            return JSONResponse({"object": "list", "data": cards})
+        return JSONResponse({"data": cards, "has_more": False,       # Anthropic's list shape
+                             "first_id": cards[0]["id"] if cards else None,
+                             "last_id": cards[-1]["id"] if cards else None})
 
     async def model(self, request: Request) -> Response:
-        return JSONResponse(self.model_card(self.path.resolve(request.path_params["model"])))
+        return JSONResponse(self.model_card(self.path.resolve(request.path_params["model"]),
+                                            _anthropic(request)))
 
     async def chat_completions(self, request: Request) -> Response:
         timing = Timing()
@@ -131,3 +141,9 @@ class OpenAIRoutes:
             framing = OpenAIFraming(Reply(req.kind, lease.name, template),
                                     lease.engine.target.token_bytes, req.include_usage)
             return await self.path.respond(request, leases, lease, req, framing, timing)
+
+
+def _anthropic(request: Request) -> bool:
+    """Whether an Anthropic client asks (its SDK sends ``anthropic-version`` on every call):
+    ``/v1/models`` then answers in Anthropic's shape, a superset of OpenAI's cards."""
+    return "anthropic-version" in request.headers
