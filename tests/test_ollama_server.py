@@ -13,6 +13,7 @@ import threading
 import time
 from datetime import datetime, timedelta, timezone
 
+import httpx
 import ollama
 import openai
 import pytest
@@ -34,6 +35,7 @@ WEATHER = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
                    "required": ["city"], "additionalProperties": False}}}
 DEFAULT_KEEP_ALIVE = 300
+ALLOWED = ("app://obsidian.md", "http://localhost:*")   # web pages the first server serves
 
 
 def greedy(n: int) -> dict:
@@ -44,7 +46,8 @@ def greedy(n: int) -> dict:
 def server(smollm2_f32_path, smollm2_q4_path):
     # A pinned draft length, so that every generation drafts (and the metrics have drafts).
     s = ServerProcess("--target", smollm2_f32_path, "--draft", smollm2_q4_path,
-                      "--ctx-size", N_CTX, "--draft-max", 4, "--metrics")
+                      "--ctx-size", N_CTX, "--draft-max", 4, "--metrics",
+                      "--allow-origin", ALLOWED[0], "--cors-origin", ALLOWED[1])
     yield s
     stop_checked(s)
 
@@ -356,6 +359,41 @@ def test_curl_reads_ndjson(server, client, has_curl):
                f"http://127.0.0.1:{server.port}/api/generate", "-d",
                json.dumps({"model": SERVED, "prompt": "hi"}))
     assert out.stdout.startswith("HTTP/1.1 403"), out.stdout
+
+
+def test_web_pages_are_served_from_allowed_origins_only(server):
+    base = f"http://127.0.0.1:{server.port}"
+    bodies = {"/v1/chat/completions": {"model": SERVED, "messages": CHAT, "max_tokens": 2},
+              "/api/chat": {"model": SERVED, "messages": CHAT, "stream": False,
+                            "options": greedy(2)}}
+    pre = {"Access-Control-Request-Method": "POST",
+           "Access-Control-Request-Headers": "content-type, authorization"}
+    with httpx.Client(base_url=base, timeout=120) as h:
+        # an exact origin, one a pattern lets in, the server's own page (no CORS needed)
+        for origin in ("app://obsidian.md", "http://localhost:5173", base):
+            for path, body in bodies.items():
+                r = h.post(path, json=body, headers={"Origin": origin})
+                assert r.status_code == 200, (origin, path, r.text)
+                assert r.headers.get("access-control-allow-origin") == (
+                    None if origin == base else origin), r.headers
+            if origin != base:
+                r = h.options("/v1/chat/completions", headers={"Origin": origin, **pre})
+                assert r.status_code == 200 and "POST" in r.headers["access-control-allow-methods"]
+                assert r.headers["access-control-allow-origin"] == origin
+                assert "access-control-allow-credentials" not in r.headers
+        # foreign origins: another site, a look-alike, another port of this host, a sandbox
+        for origin in ("http://evil.example", "app://obsidian.md.evil.example",
+                       f"http://127.0.0.1:{server.port + 1}", "null"):
+            for method, path, body in (*(("POST", p, b) for p, b in bodies.items()),
+                                       ("POST", "/v1/messages", {}),
+                                       ("DELETE", "/api/delete", {"model": SERVED})):
+                r = h.request(method, path, json=body, headers={"Origin": origin})
+                assert r.status_code == 403, (origin, path, r.text)
+                assert f"--allow-origin {origin}" in r.text
+                assert "access-control-allow-origin" not in r.headers
+            r = h.options("/v1/chat/completions", headers={"Origin": origin, **pre})
+            assert "access-control-allow-origin" not in r.headers
+    assert f"{SERVED}:latest" in {m["name"] for m in httpx.get(f"{base}/api/tags").json()["models"]}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -439,7 +439,10 @@ def test_other_addresses_need_an_api_key(host, tmp_path):
 
 
 def test_option_errors_are_one_line(server, tmp_path):
-    assert_one_line_error(serve("--cors-origin", "*"), "--cors-origin", "any web page")
+    assert_one_line_error(serve("--cors-origin", "*"), "--allow-origin '*'", "any web page")
+    assert_one_line_error(serve("--allow-origin", "https://*"), "'https://*'", "any web page")
+    assert_one_line_error(serve("--allow-origin", "localhost:3000"), "not an origin",
+                          "scheme://host[:port]")
     assert_one_line_error(serve("--api-key", "has space"), "--api-key")
     assert_one_line_error(serve("--port", "70000"), "not a port")
     assert_one_line_error(serve("--port", server.port, "--target", tmp_path / "x.gguf"),

@@ -143,10 +143,14 @@ def test_no_cors_headers_by_default(engine):
         status, headers, _ = request(port, "OPTIONS", "/v1/chat/completions", headers={
             "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})
         assert not any(h.startswith("access-control-") for h in headers)
-        # a page's form post (a "simple" request, no preflight) cannot start a generation
+        # a page's form post (a "simple" request, no preflight) cannot start a generation:
+        # refused for its origin, and for its type when no Origin says where it came from
         status, _, data = request(port, "POST", "/v1/completions", b'{"prompt": "hi"}',
                                   {"Content-Type": "text/plain",
                                    "Origin": "http://evil.example"})
+        assert_openai_error(status, json.loads(data), 403, code="origin_not_allowed")
+        status, _, data = request(port, "POST", "/v1/completions", b'{"prompt": "hi"}',
+                                  {"Content-Type": "text/plain"})
         assert_openai_error(status, json.loads(data), 400, code="invalid_content_type")
         assert not engine.busy
 

@@ -30,9 +30,12 @@ when the API answers 401); with no key, only loopback ``Host`` names are served 
 page cannot reach the server through DNS rebinding), and OpenAI bodies must be sent as
 ``application/json`` (a page's plain form post is refused before it can start a generation).
 Ollama's clients (and its documentation's ``curl -d``) send JSON without that header, so
-``/api/`` bodies are read whatever their type, but a request a browser sends from a page (it
-carries ``Origin``) is served only from an origin ``cors_origins`` names. No CORS headers
-are sent unless ``cors_origins`` names origins, and never with credentials. Errors come in
+``/api/`` bodies are read whatever their type. A request a browser sends from a page (it
+carries ``Origin``) that generates or changes something (any method but GET, HEAD and
+OPTIONS, ``/v1`` and ``/api`` alike) is served only from the server's own page (the same
+origin) or an origin ``cors_origins`` lets in (``--allow-origin``: exact, or patterns with
+``*``, :mod:`.origins`). No CORS headers are sent unless ``cors_origins`` names origins, and
+never with credentials. Errors come in
 the shape of the API asked: OpenAI's ``{"error": {"message", "type", "param", "code"}}``,
 Ollama's ``{"error": message}``, Anthropic's ``{"type": "error", "error": {"type",
 "message"}}``.
@@ -66,6 +69,7 @@ from .ollama import OllamaRoutes
 from .ollama_models import OllamaModelRoutes
 from .ollama_replies import ollama_error_body
 from .openai import OpenAIRoutes
+from .origins import Origins, same_origin
 from .wire import APIError
 
 log = logging.getLogger(__name__)
@@ -183,20 +187,24 @@ def _given_key(headers: Headers) -> str:
 
 
 class OriginGuard:
-    """A request a browser sends from a web page carries ``Origin``: on ``/api/`` (whose
-    bodies are read whatever their Content-Type) it is served only from the origins the
-    server lets in (``--cors-origin``), so a page cannot start a generation with a form."""
+    """A request a browser sends from a web page carries ``Origin``: one that generates or
+    changes something (any method but GET, HEAD and OPTIONS, on every route) is served only
+    from the server's own page (the same origin) or an origin ``--allow-origin`` lets in
+    (:class:`~.origins.Origins`), so a page elsewhere cannot start a generation, a pull or a
+    deletion, with a form or a script, whatever the body's type (403)."""
 
-    def __init__(self, app, origins: Sequence[str]):
-        self.app, self.origins = app, set(origins)
+    def __init__(self, app, origins: Origins):
+        self.app, self.origins = app, origins
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and is_ollama(scope["path"]) \
-                and scope["method"] not in ("GET", "HEAD", "OPTIONS"):
-            origin = Headers(scope=scope).get("origin")
-            if origin is not None and origin not in self.origins and "*" not in self.origins:
+        if scope["type"] == "http" and scope["method"] not in ("GET", "HEAD", "OPTIONS"):
+            headers = Headers(scope=scope)
+            origin = headers.get("origin")
+            if origin is not None and not self.origins.allows(origin) and not same_origin(
+                    origin, scope.get("scheme", "http"), headers.get("host", "")):
                 err = APIError(403, f"requests from the web page at {origin} are not served: "
-                                    f"start the server with --cors-origin {origin} to allow it")
+                                    f"start the server with --allow-origin {origin} to allow "
+                                    "it", code="origin_not_allowed")
                 await error_response(err, scope["path"], scope["method"])(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -306,7 +314,9 @@ def create_app(engine=None, *, model_id: Optional[str] = None,
     engine's; a manager that has its own keeps it). ``close_on_shutdown``: the
     app's lifespan closes the manager's models when the server stops (run it with
     ``lifespan="on"``). ``api_key``: one key, or several (each key's requests then draft from
-    their own suffix index of earlier requests, unless ``shared_index``).
+    their own suffix index of earlier requests, unless ``shared_index``). ``cors_origins``:
+    the origins whose web pages may call it (``--allow-origin``: exact, or patterns with ``*``;
+    ``*`` alone: any), beside its own page.
     """
     if manager is None:
         if engine is None or model_id is None:
@@ -334,8 +344,11 @@ def create_app(engine=None, *, model_id: Optional[str] = None,
     if metrics is not None:
         middleware.append(Middleware(CountRequests, metrics=metrics,
                                      routes=[r.path for r in routes]))
-    if cors_origins:
-        middleware.append(Middleware(CORSMiddleware, allow_origins=list(cors_origins),
+    origins = Origins(cors_origins)
+    if origins:
+        middleware.append(Middleware(CORSMiddleware,
+                                     allow_origins=["*"] if origins.every else origins.exact,
+                                     allow_origin_regex=origins.regex,
                                      allow_methods=["GET", "POST", "DELETE"],
                                      allow_headers=["Authorization", "Content-Type",
                                                     "x-api-key", "anthropic-version",
@@ -343,7 +356,7 @@ def create_app(engine=None, *, model_id: Optional[str] = None,
                                      allow_credentials=False))
     middleware.append(Middleware(Guard, api_key=api_key, allowed_hosts=allowed_hosts,
                                  shared_index=shared_index))
-    middleware.append(Middleware(OriginGuard, origins=cors_origins))
+    middleware.append(Middleware(OriginGuard, origins=origins))
     @contextlib.asynccontextmanager
     async def lifespan(app):
         try:
