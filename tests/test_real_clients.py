@@ -21,7 +21,7 @@ import ollama
 import openai
 import pytest
 
-from server_helpers import ServerProcess, stop_checked
+from server_helpers import ServerProcess, stop_checked, wait_until
 
 SMOL = "SmolLM2-135M-Instruct.F32"
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
@@ -289,3 +289,15 @@ def test_a_suffix_fills_in_the_middle_on_a_model_with_fim_tokens(clients, qwen):
     with pytest.raises(ollama.ResponseError) as e:
         ol.generate(model=SMOL, prompt=before, suffix=after)
     assert e.value.status_code == 400 and "does not fill in the middle" in str(e.value)
+
+
+def test_keep_alive_0_unloads_the_model_after_its_answer(clients, qwen):
+    """Ollama's keep_alive: 0 on a generation unloads the model once it has answered (the
+    started pair stays: it was not asked to go)."""
+    _, ol, _ = clients
+    r = ol.generate(model=qwen, prompt="def f():", options={"num_predict": 2}, keep_alive=0)
+    assert r.done
+    def names():
+        return [m.model for m in ol.ps().models]
+    wait_until(lambda: not any(n.startswith(qwen) for n in names()), 10)
+    assert any(n.startswith(SMOL) for n in names())

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from .. import config
 from ..errors import EdgespecError
-from ..shell import UsageError, add_model_args, load_engine, model_label, status
+from ..shell import (UsageError, add_model_args, load_engine, model_label,
+                     resolve_models, status)
 
 API_KEY_ENV = "EDGESPEC_API_KEY"
 GRACEFUL_SHUTDOWN_SECONDS = 3
@@ -45,9 +46,13 @@ def build_serve_parser(sub) -> None:
                    help="with several --api-key: let every key's requests draft from one "
                         "index of all earlier requests (faster repeats across apps; a fast "
                         "answer can then tell one key's user that another asked the same)")
-    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
-                   help="let web pages from ORIGIN (e.g. http://localhost:3000) call the "
-                        "server; repeatable; none by default")
+    p.add_argument("--allow-origin", "--cors-origin", dest="allow_origin", action="append",
+                   default=[], metavar="ORIGIN",
+                   help="let web pages and apps from ORIGIN call the server (e.g. "
+                        "app://obsidian.md, http://localhost:3000); '*' wildcards as in "
+                        "OLLAMA_ORIGINS (http://localhost:*, chrome-extension://*; '*' alone "
+                        "only with --api-key); repeatable; none by default: other origins "
+                        "are refused (the server's own chat page needs none)")
     g = p.add_argument_group("models on demand")
     g.add_argument("--max-loaded", type=int, default=1, metavar="N",
                    help="models (a pair counts as one) loaded at once; the least recently "
@@ -77,6 +82,13 @@ def build_serve_parser(sub) -> None:
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     add_model_args(p)
+    for action in p._actions:       # no --ctx-size: each model's own (server/contexts.py)
+        if action.dest == "ctx_size":
+            action.default = None
+            action.help = ("each model's context per lane, in tokens (default: its trained "
+                           "context, as far as both models' KV caches for every lane fit in "
+                           "--max-ram or a quarter of this machine's memory; at least 4096); "
+                           "a request's num_ctx may ask for more")
     p.set_defaults(func=cmd_serve)
 
 
@@ -101,9 +113,13 @@ def check_options(host: str, port: int, api_key: list[str] | str | None,
                          f"{API_KEY_ENV}), or keep the default --host 127.0.0.1")
     if not 0 <= port <= 65535:
         raise UsageError(f"--port {port} is not a port number (0-65535)")
-    if "*" in cors and not api_key:
-        raise UsageError("--cors-origin '*' would let any web page use this server: name the "
-                         "origins, or pass --api-key")
+    from .origins import Origins, check_pattern
+    for pattern in cors:
+        if (problem := check_pattern(pattern)) is not None:
+            raise UsageError(problem)
+        if Origins([pattern]).any_site() and not api_key:
+            raise UsageError(f"--allow-origin {pattern!r} would let any web page use this "
+                             "server: name the origins, or pass --api-key")
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -172,7 +188,8 @@ def loader(args):
         server_log.info("loading %s …", entry.name)
         if entry.kind == "embedding":
             from ..embedding import Embedder
-            return Embedder.load(entry.target, n_ctx=args.ctx_size, n_threads=args.threads,
+            return Embedder.load(entry.target, n_ctx=args.ctx_size or config.N_CTX,
+                                 n_threads=args.threads,
                                  n_gpu_layers=args.n_gpu_layers, verbose=args.verbose,
                                  cpu_extra_buffers=args.cpu_extra_buffers)
         drafter = args.drafter
@@ -181,7 +198,7 @@ def loader(args):
         engine = load_engine(args, say=server_log.info, target=entry.target,
                              parallel=args.parallel,
                              draft=entry.draft, drafter=drafter, cache_ram=args.cache_ram,
-                             n_ctx=n_ctx or args.ctx_size)
+                             n_ctx=n_ctx or args.ctx_size or config.N_CTX)
         server_log.info("loaded %s", entry.name)
         return engine
     return load
@@ -203,10 +220,26 @@ def _log_like_uvicorn(level: str) -> None:
     logger.propagate = False
 
 
+def first_context(args, name: str, budget: dict) -> tuple[int, str]:
+    """The context to load the model the server starts with, and why (--ctx-size, or its
+    own default: :func:`.contexts.auto_context`)."""
+    from ..catalogue import entry_for
+    from .contexts import auto_context
+    from .slots import Budget
+    if args.ctx_size is not None:
+        return args.ctx_size, "--ctx-size"
+    target, draft = resolve_models(args)
+    if getattr(args, "no_spec", False) or args.drafter in ("none", "ngram"):
+        draft = None
+    entry = entry_for(name, Path(target), Path(draft) if draft else None)
+    return auto_context(entry, Budget(budget["max_loaded"], budget["max_ram"],
+                                      budget["parallel"]))
+
+
 def cmd_serve(args) -> int:
     api_key = args.api_key if args.api_key else (
         [os.environ[API_KEY_ENV]] if os.environ.get(API_KEY_ENV) else None)
-    check_options(args.host, args.port, api_key, args.cors_origin)
+    check_options(args.host, args.port, api_key, args.allow_origin)
     budget = manager_options(args)
     try:
         import uvicorn
@@ -222,18 +255,21 @@ def cmd_serve(args) -> int:
                             "pip install 'edgespec[server]'") from None
     sock = listen(args.host, args.port)
     try:
-        with load_engine(args, cache_ram=args.cache_ram, parallel=args.parallel) as engine:
-            name = model_id(args)
+        name = model_id(args)
+        n_ctx, why = first_context(args, name, budget)
+        with load_engine(args, cache_ram=args.cache_ram, parallel=args.parallel,
+                         n_ctx=n_ctx) as engine:
             first = entry_for(name, engine.target.path,
                               engine.draft.path if engine.draft is not None else None)
             manager = ModelManager(lambda: scan_catalog(extra=[first]), loader(args),
-                                   preloaded=(name, engine), n_ctx=engine.n_ctx, **budget)
+                                   preloaded=(name, engine), n_ctx=engine.n_ctx,
+                                   auto_ctx=args.ctx_size is None, **budget)
             if args.metrics:
                 metrics = Metrics(lambda: [(m.name, manager.engine_for(m.name))
                                            for m in manager.loaded()
                                            if m.entry.kind != "embedding"])
             app = create_app(manager=manager, n_ctx=engine.n_ctx, api_key=api_key,
-                             cors_origins=args.cors_origin, host=args.host, metrics=metrics,
+                             cors_origins=args.allow_origin, host=args.host, metrics=metrics,
                              close_on_shutdown=True,
                              shared_index=args.shared_suffix_index)
             _log_like_uvicorn(args.log_level)
@@ -245,6 +281,8 @@ def cmd_serve(args) -> int:
             status(f"edgespec serve: listening on http://{shown}:{port}/v1 (model {name!r}"
                     + (", API key required" if api_key else "") + f"); Ollama's API at "
                     f"http://{shown}:{port}/api, a chat page at http://{shown}:{port}/")
+            status(f"context: {engine.n_ctx} tokens for each of {args.parallel} "
+                   f"generation(s) at once ({why}); a request's num_ctx may ask for more")
             uvicorn.Server(config).run(sockets=[sock])
     finally:
         sock.close()
