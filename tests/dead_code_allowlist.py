@@ -43,3 +43,17 @@ _.parsed_arguments
 _.neutral
 forget                  # preflight: an app that swapped llama.cpp's build checks again
 _.transcript_text       # examples/tk_chat.py: its test reads the window's transcript
+# scripts/client_matrix.py: pydantic fields the clients fill, http.server's hooks
+country
+population
+protocol_version
+_.log_message
+_.close_connection
+do_DELETE
+do_GET
+do_HEAD
+do_PATCH
+do_POST
+do_PUT
+_.daemon_threads
+_.DEFAULT_REQUEST_TIMEOUT
