@@ -101,12 +101,31 @@ def test_a_slow_calibration_stops_early_and_is_not_kept(q4, monkeypatch):
     assert any("busy" in s for s in said)
 
 
+def _cpu_seconds(pids):
+    """Seconds of CPU the processes ``pids`` have used (utime + stime from /proc)."""
+    import os
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def test_a_calibration_during_a_real_busy_process_is_not_quiet(q4):
+    import os
     from edgespec.bench.load import BusyProcesses
     from edgespec.cpuload import _proc_stat_busy
     if _proc_stat_busy() is None:
         pytest.skip("no /proc/stat here: the step-time fallback is tested above")
-    with BusyProcesses(1):
+    # A spinner for every core: the calibration's own threads cannot crowd them all out.
+    with BusyProcesses(os.cpu_count() or 2) as busy:
+        before, t0 = _cpu_seconds(busy.pids), time.monotonic()
         cal = calibrate(q4, None, sizes=(1, 4))       # a few hundredths of a second of work
+        spun = (_cpu_seconds(busy.pids) - before) / (time.monotonic() - t0)
     assert cal.seconds >= costs_module.LOAD_SPAN       # filled out so the reading means something
-    assert cal.others >= costs_module.QUIET and not cal.quiet
+    # The meter sees the load the spinners really put on the machine (the scheduler decides
+    # how much that is; clock ticks make the two readings differ by a little).
+    assert cal.others >= 0.6 * spun - 0.1, (cal.others, spun)
+    if spun >= 2 * costs_module.QUIET:
+        assert cal.others >= costs_module.QUIET and not cal.quiet
