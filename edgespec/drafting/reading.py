@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..errors import BackendError
+from ..errors import BackendError, RPCError
 from ..lm import LanguageModel
 from ..prompt_cache import common_prefix
 from .base import Draft
@@ -224,6 +224,8 @@ class Reading:
         t0 = time.perf_counter()
         try:
             self.model.restore_state(donor.save_state(self._scratch))
+        except RPCError:
+            raise           # a worker that stopped answering is the stream's error, not a refusal
         except BackendError:
             self.donor = None
             self.model.truncate(0)
