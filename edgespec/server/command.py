@@ -88,7 +88,7 @@ def build_serve_parser(sub) -> None:
             action.help = ("each model's context per lane, in tokens (default: its trained "
                            "context, as far as both models' KV caches for every lane fit in "
                            "--max-ram or a quarter of this machine's memory; at least 4096); "
-                           "a request's num_ctx may ask for more")
+                           "a request's num_ctx may ask for more, up to the trained context")
     p.set_defaults(func=cmd_serve)
 
 
@@ -281,8 +281,12 @@ def cmd_serve(args) -> int:
             status(f"edgespec serve: listening on http://{shown}:{port}/v1 (model {name!r}"
                     + (", API key required" if api_key else "") + f"); Ollama's API at "
                     f"http://{shown}:{port}/api, a chat page at http://{shown}:{port}/")
+            trained = engine.target.n_ctx_train
+            more = ("; a request's num_ctx may ask for more, up to " f"{trained}"
+                    if trained and trained > engine.n_ctx else
+                    "; a request's num_ctx beyond it is clamped")
             status(f"context: {engine.n_ctx} tokens for each of {args.parallel} "
-                   f"generation(s) at once ({why}); a request's num_ctx may ask for more")
+                   f"generation(s) at once ({why}){more}")
             uvicorn.Server(config).run(sockets=[sock])
     finally:
         sock.close()
