@@ -19,20 +19,20 @@ from .errors import (BackendError, ConstraintError, ContextOverflowError, Edgesp
                      EngineBusyError, EngineClosedError, IncompatiblePairError,
                      InputTooLongError, InvalidModelError, InvalidParameterError, ModelLoadError,
                      ModelNotFoundError, PromptTooLargeError, TemplateError, TemplateRefused)
-from .request import GenerationRequest
+from .engine.request import GenerationRequest
 from .results import Generation, GenerationStats, StreamEvent, TokenLogprob
 
 if TYPE_CHECKING:
     from .constraints import Constraint
     from .embedding import Embedder, Embeddings
-    from .engine import Engine
-    from .streams import AsyncStream, Stream
+    from .engine.engine import Engine
+    from .engine.streams import AsyncStream, Stream
     from .tools import Tool, ToolCall
 
 __version__ = "0.1.0"
 
-_LAZY = {"Engine": "engine", "Embedder": "embedding", "Embeddings": "embedding",
-         "Stream": "streams", "AsyncStream": "streams",
+_LAZY = {"Engine": "engine.engine", "Embedder": "embedding", "Embeddings": "embedding",
+         "Stream": "engine.streams", "AsyncStream": "engine.streams",
          "Constraint": "constraints", "Tool": "tools", "ToolCall": "tools"}
 
 __all__ = ["Engine", "Embedder", "Embeddings", "GenerationRequest", "SamplingParams",

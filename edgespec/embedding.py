@@ -3,7 +3,7 @@ documents and a question and hand the nearest documents to a chat model.
 
 :class:`Embedder` embeds with one model: an embedding model's own GGUF
 (:meth:`Embedder.load`: all-MiniLM, nomic-embed-text, bge, …, pooled as the file declares),
-or a generative model an Engine holds (:meth:`Engine.embed <edgespec.engine.Engine.embed>`:
+or a generative model an Engine holds (:meth:`Engine.embed <edgespec.engine.engine.Engine.embed>`:
 its last hidden states mean-pooled, on a llama.cpp context of their own, so the Engine's
 generations and caches are untouched). An embedding model is not loaded as an Engine: it
 cannot generate, so it has no use for what an Engine is (a chat template, a draft, the cost

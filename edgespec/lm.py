@@ -89,8 +89,8 @@ class StatefulModel(LanguageModel, Protocol):
 
 
 class LoadedModel(StatefulModel, Protocol):
-    """A model as the Engine's rooms use it (:mod:`edgespec.generation`,
-    :mod:`edgespec.threads`, calibration, the prompt cache): a loaded GGUF with its settings,
+    """A model as the Engine's rooms use it (:mod:`edgespec.engine.generation`,
+    :mod:`edgespec.engine.threads`, calibration, the prompt cache): a loaded GGUF with its settings,
     text and timing. :class:`~edgespec.backend.LlamaModel` and
     :class:`~edgespec.backend.RemoteModel` are."""
 
@@ -98,7 +98,7 @@ class LoadedModel(StatefulModel, Protocol):
     n_threads: int            # CPU threads of the next pass
     decode_seconds: float     # wall time inside llama_decode, cumulative
     # Told each pass's token count, logits rows and seconds; returns the next thread count
-    # (edgespec.threads owns both hooks; None: no one is told).
+    # (edgespec.engine.threads owns both hooks; None: no one is told).
     on_step: Optional[Callable[[int, int, float], int]]
     before_step: Optional[Callable[[], int]]
 

@@ -263,7 +263,7 @@ def model_label(args) -> str:
 
 def load_engine(args, say: Callable[[str], None] = status, **overrides):
     """The Engine the options describe (``overrides``: Engine.load arguments to force)."""
-    from .engine import Engine
+    from .engine.engine import Engine
     check_args(args)
     target, draft = resolve_models(args, say)
     drafter = DrafterKind.NONE if getattr(args, "no_spec", False) else args.drafter

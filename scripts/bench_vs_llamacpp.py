@@ -70,7 +70,7 @@ def tasks_main(args) -> int:
     from edgespec.bench.long_prompts import cold
     from edgespec.bench.task_bench import edit_budget, edit_file_tokens
     from edgespec.bench.tasks import task_prompts
-    from edgespec.request import GenerationRequest
+    from edgespec.engine.request import GenerationRequest
 
     modes = [m.partition(":") for m in args.spec.split(",")]
     names = ["edgespec default", "edgespec plain"] + [

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from edgespec import SamplingParams
 from edgespec.bench.long_prompts import cold
 from edgespec.bench.tasks import task_prompts
-from edgespec.request import GenerationRequest
+from edgespec.engine.request import GenerationRequest
 
 TASKS = "chat,translation,summarisation,qa,math,long_passage"
 _keys = itertools.count()

@@ -11,7 +11,7 @@ import pytest
 
 from edgespec import Engine, SamplingParams
 from edgespec.drafting import costs as costs_module
-from edgespec.drafting.engine_drafting import EngineDrafting
+from edgespec.engine.drafting import EngineDrafting
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPTS = ["Give three tips for learning a new language.",
@@ -130,7 +130,7 @@ def test_a_busy_calibration_heals_even_while_the_threads_are_backed_off(
             seen.append((target.n_threads, draft.n_threads))
             return real(target, draft, **kw)
 
-        monkeypatch.setattr("edgespec.drafting.engine_drafting.calibrate", watched)
+        monkeypatch.setattr("edgespec.engine.drafting.calibrate", watched)
         monkeypatch.setattr(costs_module, "QUIET", 1e9)
         monkeypatch.setattr(costs_module, "STEADY", 1e9)
         monkeypatch.setattr(EngineDrafting, "REMEASURE_BUDGET", 1e9)

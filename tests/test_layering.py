@@ -195,3 +195,56 @@ def test_the_loop_and_drafters_run_without_llama_cpp():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+# The layers, lowest first: a module imports its own layer's and the ones below, never above.
+# Every top-level name under edgespec/ is in exactly one (a new module must choose).
+LAYERS = [
+    ("foundation", {"errors", "config", "paths", "gguf_file", "lm", "cpuload", "textstream"}),
+    ("backend", {"backend"}),
+    ("loop", {"sampling", "verify", "speculative", "results", "drafting", "prompt_cache",
+              "constraints", "embedding"}),
+    ("prompts", {"chat_template", "thinking", "tools", "conversation"}),
+    ("models", {"registry", "catalogue"}),
+    ("runtime", {"engine"}),
+    ("apps", {"shell", "cli", "__main__", "worker", "model_commands", "bench", "server",
+              "tui", ""}),
+]
+RANK = {name: i for i, (_, names) in enumerate(LAYERS) for name in names}
+
+
+def top_name(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_every_module_has_a_layer():
+    missing = {top_name(m) for m in MODULES} - set(RANK)
+    assert not missing, f"modules with no layer in LAYERS: {sorted(missing)}"
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    graph = edges()
+    up = [(a, b) for a, targets in graph.items() for b in targets
+          if RANK[top_name(b)] > RANK[top_name(a)]]
+    assert sum(len(t) for t in graph.values()) > 200       # the graph is the real one
+    assert not up, f"upward imports: {sorted(up)}"
+
+
+def test_the_runtime_has_its_own_package():
+    runtime = {m.split(".")[-1] for m in MODULES if m.startswith("edgespec.engine.")}
+    assert {"engine", "request", "generation", "prompting", "drafting", "lanes", "rounds",
+            "stream_model", "streams", "threads"} <= runtime
+    flat = [p for p in PKG.glob("*.py")]
+    assert len(flat) <= 26, f"{len(flat)} modules lie flat in edgespec/"
+
+
+# A module a reader can hold in mind at once (docs/architecture.md).
+MAX_LINES = 400
+
+
+def test_no_module_is_over_the_line_limit():
+    long = {p.relative_to(PKG).as_posix(): n for p in MODULES.values()
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert len(MODULES) > 100
+    assert not long, f"modules over {MAX_LINES} lines: {long}"

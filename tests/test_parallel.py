@@ -22,7 +22,7 @@ import pytest
 from edgespec import Engine, SamplingParams
 from edgespec.drafting import AdaptiveLength, Costs, FixedLength, ModelDrafter
 from edgespec.drafting.batch import Ask, BatchCosts, plan_round
-from edgespec.lanes import Lanes
+from edgespec.engine.lanes import Lanes
 from edgespec.speculative import LoopStats, decode
 
 from markov import MarkovContext
@@ -111,7 +111,7 @@ def test_a_prompt_chunk_is_counted_by_its_tokens_and_teaches_no_cost():
     by the tokens it evaluated, and the costs are told only of decoding passes (a chunk's
     logits are not its size: counted so, its seconds went into the table as a pass of 0 or 1
     rows, and 0 divided the attention estimate)."""
-    from edgespec.rounds import Member, Rounds
+    from edgespec.engine.rounds import Member, Rounds
     told = []
     model = MarkovContext(MAIN.target, n_seq=2)
     rounds = Rounds([model], on_pass=lambda *a: told.append(a))

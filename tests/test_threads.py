@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.threads import ThreadGovernor
+from edgespec.engine.threads import ThreadGovernor
 
 # Seconds per one-token step of the Gemma F32 target (docs/decisions.md): idle, 2 threads
 # 45 ms and 1 thread 52 ms; one busy process on the other core, 2 threads 127 ms (stalls at

@@ -68,7 +68,7 @@ class LlamaModel(HasVocabulary):
         self.decode_seconds = 0.0     # wall time inside llama_decode, cumulative
         self.n_threads = config.n_threads
         # Told each llama_decode's token count, logits rows and seconds; returns the thread
-        # count for the next (edgespec.threads); None: no one is told.
+        # count for the next (edgespec.engine.threads); None: no one is told.
         self.on_step: Optional[Callable[[int, int, float], int]] = None
         self.before_step: Optional[Callable[[], int]] = None     # threads for the next pass
         self._last_spans: list = []   # the last call's (first batch index, rows) per part

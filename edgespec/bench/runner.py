@@ -127,7 +127,7 @@ def config_engines(engine, configs: list[Config]) -> dict:
     """An Engine for each speculative configuration, on ``engine``'s models (loaded once,
     shared): switching configuration is picking another Engine. Plain runs use ``engine``
     itself with ``speculative=False``."""
-    from ..engine import Engine
+    from ..engine.engine import Engine
     return {c.name: Engine(engine.target, engine.draft, c.spec, draft_head=engine.draft_head,
                            vocab_map=engine.vocab_map)
             for c in configs if c.spec is not None}

@@ -35,7 +35,7 @@ from typing import Optional
 
 from ..config import SamplingParams, SpecConfig
 from ..errors import EdgespecError
-from ..request import GenerationRequest
+from ..engine.request import GenerationRequest
 from .long_prompts import cold
 from .runner import Config, config_engines, make_configs
 from .tasks import CODE_EDITS, TASKS, as_raw, task_prompts

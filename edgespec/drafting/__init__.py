@@ -6,11 +6,9 @@
 - :mod:`.model`, :mod:`.ngram`, :mod:`.hybrid` — the three drafters
 - :mod:`.reading` — what the draft model's cache reads, and whether catching it up pays
 - :mod:`.reduced_head` — the draft model's output layer over a subset of the vocabulary
-- :mod:`.engine_drafting` — :func:`~.engine_drafting.make_drafter`, and
-  :class:`~.engine_drafting.EngineDrafting`: an Engine's drafters (one per kind of sampling)
-  and the costs they share (calibration, re-measuring), and each generation's Speculation
-  (imported by the Engine directly, not from here: it builds on :mod:`edgespec.request`,
-  which the loop's results lead back to this package)
+
+An Engine's drafters, the costs they share and each generation's speculation are the runtime's
+(:mod:`edgespec.engine.drafting`): this package never imports the runtime.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ class _Figure:
 class BatchGate:
     """See the module docstring. ``streams``: how many streams decode together now;
     ``prompts``: a counter of the passes that held a prompt's tokens; ``committed``: a counter
-    of the tokens all streams committed (:attr:`~edgespec.rounds.Rounds.committed`: every
+    of the tokens all streams committed (:attr:`~edgespec.engine.rounds.Rounds.committed`: every
     stream's, whether it drafts or not)."""
 
     def __init__(self, streams: Callable[[], int], prompts: Callable[[], int],

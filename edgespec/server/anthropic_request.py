@@ -4,7 +4,7 @@
 Plain Python, no HTTP stack. It mirrors :mod:`.protocol` (OpenAI's) and
 :mod:`.ollama_request`: every ``/v1/messages`` (and ``/v1/messages/count_tokens``) body
 becomes an :class:`~.wire.APIRequest` holding the core
-:class:`~edgespec.request.GenerationRequest`, or raises :class:`~.wire.APIError` (400), which
+:class:`~edgespec.engine.request.GenerationRequest`, or raises :class:`~.wire.APIError` (400), which
 the app answers in Anthropic's error shape.
 
 Content travels as the engine reads it (OpenAI's messages): ``system`` becomes the system
@@ -29,7 +29,7 @@ from typing import Any, Optional
 from ..config import SamplingParams
 from ..constraints import Constraint
 from ..errors import ConstraintError
-from ..request import GenerationRequest
+from ..engine.request import GenerationRequest
 from ..tools import Tool, parse_tools
 from .wire import (APIError, APIRequest, check_size, checked, get_field, invalid,
                    message_list, refuse_unknown, sampling_params, unsupported)

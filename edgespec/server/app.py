@@ -15,7 +15,7 @@ lease models the same way. This module wires the routes, the guards and the erro
 
 Requests queue for an Engine (first come, first served; one generation at a time) while the
 event loop stays free: each generation runs in a thread of its own
-(:class:`~edgespec.streams.AsyncStream`), and loading a model runs in a worker thread, so
+(:class:`~edgespec.engine.streams.AsyncStream`), and loading a model runs in a worker thread, so
 ``/health`` answers during a long generation or a load. A client that goes away cancels its
 generation, whether it was streaming, waiting for a whole response or still queued: the
 generation stops within one decoding step.

@@ -4,7 +4,7 @@
 Every model on the server embeds: an embedding model (BERT, nomic-bert, …; the catalogue's
 kind ``"embedding"``, loaded as an :class:`~edgespec.embedding.Embedder`) pools as its file
 declares; a generative model's Engine mean-pools its hidden states on a context of its own
-(:meth:`Engine.embed <edgespec.engine.Engine.embed>`). The model is leased from the
+(:meth:`Engine.embed <edgespec.engine.engine.Engine.embed>`). The model is leased from the
 :class:`~.models.ModelManager` like any other (loaded on demand, kept ``keep_alive``), the
 inputs are embedded in a worker thread (the event loop stays free), and the tokens embedded
 are counted for ``/metrics``.

@@ -31,8 +31,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from ..errors import (ConstraintError, ContextOverflowError, EdgespecError, EngineClosedError,
                       InvalidParameterError, MemoryBudgetError, PromptTooLargeError,
                       TemplateError, TemplateRefused)
-from ..request import GenerationRequest
-from ..streams import AsyncStream
+from ..engine.request import GenerationRequest
+from ..engine.streams import AsyncStream
 from .framing import Framing
 from ..catalogue import CatalogEntry, ModelNotFound
 from .models import ModelManager

@@ -68,7 +68,7 @@ from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, 
 from prometheus_client.core import GaugeMetricFamily
 
 if TYPE_CHECKING:
-    from ..engine import Engine
+    from ..engine.engine import Engine
     from ..results import GenerationStats
 
 log = logging.getLogger(__name__)

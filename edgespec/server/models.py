@@ -35,7 +35,7 @@ from .names import ModelNames
 from .slots import Budget, Lease, LoadedInfo, Slot, resident_bytes
 
 if TYPE_CHECKING:
-    from ..engine import Engine
+    from ..engine.engine import Engine
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from ..catalogue import CatalogEntry
 from ..chat_template import LABELS
 
 if TYPE_CHECKING:
-    from ..engine import Engine
+    from ..engine.engine import Engine
     from .models import ModelManager
 
 

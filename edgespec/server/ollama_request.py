@@ -2,7 +2,7 @@
 
 Plain Python, no HTTP stack. It mirrors :mod:`.protocol` (OpenAI's): every ``/api/chat`` and
 ``/api/generate`` body becomes an :class:`OllamaRequest` holding an :class:`~.wire.APIRequest`
-(and in it the core :class:`~edgespec.request.GenerationRequest`), or raises
+(and in it the core :class:`~edgespec.engine.request.GenerationRequest`), or raises
 :class:`~.wire.APIError` (400), which the app answers in Ollama's ``{"error": message}``.
 Messages reuse the engine's wording (:class:`~edgespec.errors.InvalidParameterError`):
 ``options.temperature=-1 is invalid: options.temperature must be …``.
@@ -31,7 +31,7 @@ from typing import Any, Optional
 from ..chat_template import new_call_id
 from ..constraints import Constraint
 from ..errors import ConstraintError
-from ..request import GenerationRequest
+from ..engine.request import GenerationRequest
 from ..thinking import LEVELS
 from ..tools import Tool, parse_tools
 from .ollama_options import parse_options

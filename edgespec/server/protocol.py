@@ -1,7 +1,7 @@
 """OpenAI's request bodies → the generation they ask for (its replies: :mod:`.replies`).
 
 Plain Python, no HTTP stack. Every request a client can send either becomes an
-:class:`~.wire.APIRequest` (holding the core :class:`~edgespec.request.GenerationRequest`) or
+:class:`~.wire.APIRequest` (holding the core :class:`~edgespec.engine.request.GenerationRequest`) or
 raises :class:`~.wire.APIError`, which carries the HTTP status and OpenAI's error shape;
 nothing in a body can turn into a 422 or a 500.
 
@@ -26,7 +26,7 @@ from typing import Any, Optional
 from ..config import SamplingParams
 from ..constraints import Constraint
 from ..errors import ConstraintError, InvalidParameterError
-from ..request import GenerationRequest
+from ..engine.request import GenerationRequest
 from ..tools import Tool, parse_choice, parse_tools
 from .wire import (APIError, APIRequest, check_size, invalid, is_int, is_number, message_list,
                    num_ctx, refuse_unknown, sampling_params, unsupported)

@@ -17,7 +17,7 @@ from ..catalogue import CatalogEntry
 from ..errors import EdgespecError, MemoryBudgetError
 
 if TYPE_CHECKING:
-    from ..engine import Engine
+    from ..engine.engine import Engine
 
 
 @dataclass(frozen=True)

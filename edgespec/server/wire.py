@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from ..config import SamplingParams
 from ..errors import InvalidParameterError
-from ..request import GenerationRequest
+from ..engine.request import GenerationRequest
 
 # No tokenizer averages anywhere near this many characters per token, so a longer prompt
 # cannot fit the context: refused before the chat template or the tokenizer spend time on it.

@@ -19,7 +19,7 @@ from ..thinking import Shown
 
 if TYPE_CHECKING:  # the engine (numpy, llama.cpp) loads only when a chat starts
     from ..constraints import Constraint
-    from ..engine import Engine
+    from ..engine.engine import Engine
     from ..results import Generation
 
 SAMPLING_SETTINGS = ("temperature", "top_k", "top_p", "min_p")

@@ -9,15 +9,15 @@ from __future__ import annotations
 import threading
 from typing import Any, Optional
 
-from .backend import GrammarVocab
-from .chat_template import ChatTemplate, validate_messages
-from .config import SamplingParams
-from .constraints import Constraint, GrammarState, special_tag_id, tokenizer_for
-from .errors import ContextOverflowError, InvalidParameterError
-from .lm import LoadedModel
+from ..backend import GrammarVocab
+from ..chat_template import ChatTemplate, validate_messages
+from ..config import SamplingParams
+from ..constraints import Constraint, GrammarState, special_tag_id, tokenizer_for
+from ..errors import ContextOverflowError, InvalidParameterError
+from ..lm import LoadedModel
 from .request import GenerationRequest, Prompt, Request, Speculation, check_limits
-from .thinking import reads_thinking, separates, template_variables
-from .tools import ToolPlan, plan_request
+from ..thinking import reads_thinking, separates, template_variables
+from ..tools import ToolPlan, plan_request
 
 
 class Prompter:

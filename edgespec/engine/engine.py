@@ -2,14 +2,14 @@
 
 ``Engine.load`` opens both models (each with its own context), checks that they share a
 tokenizer, and measures what each costs. ``stream`` checks its arguments, turns the prompt
-(text or chat messages) into tokens and queues a generation (:mod:`edgespec.generation`);
+(text or chat messages) into tokens and queues a generation (:mod:`edgespec.engine.generation`);
 ``generate`` collects a stream. Both caches are kept between calls: a prompt that extends the
 previous one (the next chat turn) evaluates only its new tokens.
 
 Threads: an Engine loaded with ``parallel=N`` runs up to N generations at once, each in a
-lane of its own (a sequence of each model's context, :mod:`edgespec.lanes`), their passes
-batched into one ``llama_decode`` per round (:mod:`edgespec.rounds`) and their draft lengths
-planned together; more wait in arrival order (:mod:`edgespec.streams`), whichever threads
+lane of its own (a sequence of each model's context, :mod:`edgespec.engine.lanes`), their passes
+batched into one ``llama_decode`` per round (:mod:`edgespec.engine.rounds`) and their draft lengths
+planned together; more wait in arrival order (:mod:`edgespec.engine.streams`), whichever threads
 call it. Each generation has its own cancel flag: ``Stream.cancel()`` stops that one,
 ``Engine.cancel()`` the ones running now; either takes effect within one decoding step and
 leaves the caches holding exactly what was generated. ``close()`` stops the running and
@@ -27,22 +27,22 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
-from . import config
-from .backend import (VocabMap, backend_info, check_pair, open_pair, placement, same_network,
+from .. import config
+from ..backend import (VocabMap, backend_info, check_pair, open_pair, placement, same_network,
                       release_free_heap, rpc_endpoints)
-from .config import ModelConfig, SamplingParams, SpecConfig, default_threads
-from .constraints import Constraint
-from .drafting import HEAD_MIN_VOCAB, ReducedHead
-from .drafting.engine_drafting import EngineDrafting
-from .embedding import Embedder, Embeddings, Inputs
-from .errors import EngineClosedError, InvalidParameterError
+from ..config import ModelConfig, SamplingParams, SpecConfig, default_threads
+from ..constraints import Constraint
+from ..drafting import HEAD_MIN_VOCAB, ReducedHead
+from .drafting import EngineDrafting
+from ..embedding import Embedder, Embeddings, Inputs
+from ..errors import EngineClosedError, InvalidParameterError
 from .generation import not_started, run_generation
 from .lanes import Lanes
-from .lm import LoadedModel
-from .prompt_cache import PromptCache
+from ..lm import LoadedModel
+from ..prompt_cache import PromptCache
 from .prompting import Prompter
 from .request import GenerationRequest, Prompt
-from .results import Generation
+from ..results import Generation
 from .streams import AsyncStream, Job, Stream
 from .threads import EngineThreads
 
@@ -140,7 +140,7 @@ class Engine:
         if pair is not None:
             if target is not None or draft is not None:
                 raise InvalidParameterError("pair", pair, "used alone, without target/draft")
-            from .registry import resolve_pair     # apps may name a pair; the core never does
+            from ..registry import resolve_pair     # apps may name a pair; the core never does
             target, draft = resolve_pair(pair)
         if target is None:
             raise InvalidParameterError("target", None, "a path to a GGUF file (or pair=NAME)")
@@ -294,7 +294,7 @@ class Engine:
 
         Arguments are checked and the prompt tokenized here (errors are raised by this call);
         the generation waits for a lane when the stream is first advanced. See
-        :class:`~edgespec.streams.Stream` for cancelling and closing it.
+        :class:`~edgespec.engine.streams.Stream` for cancelling and closing it.
         """
         return self.submit(GenerationRequest(
             prompt, max_tokens=max_tokens, sampling=sampling, speculative=speculative, raw=raw,

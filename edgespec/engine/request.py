@@ -3,9 +3,9 @@ once for it.
 
 A :class:`GenerationRequest` is what a caller asks for (a prompt, limits, sampling, tools):
 every protocol in front of the Engine (the Python API's keyword arguments, the server's
-OpenAI and Ollama bodies) builds one and hands it to :meth:`edgespec.engine.Engine.submit`,
+OpenAI and Ollama bodies) builds one and hands it to :meth:`edgespec.engine.engine.Engine.submit`,
 which checks it, tokenizes the prompt and builds a :class:`Request`;
-:func:`edgespec.generation.run_generation` carries that out.
+:func:`edgespec.engine.generation.run_generation` carries that out.
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union
 
-from . import config
-from .config import SamplingParams
-from .errors import InvalidParameterError
-from .results import Generation
+from .. import config
+from ..config import SamplingParams
+from ..errors import InvalidParameterError
+from ..results import Generation
 
 if TYPE_CHECKING:
-    from .constraints import Constraint, GrammarState
-    from .drafting import Drafter
-    from .drafting.suffix import SuffixIndex
+    from ..constraints import Constraint, GrammarState
+    from ..drafting import Drafter
+    from ..drafting.suffix import SuffixIndex
     from .lanes import Lane
 
 Prompt = Union[str, Sequence[Mapping[str, str]]]
@@ -42,7 +42,7 @@ class GenerationRequest:
     and this text, in the model's fill-in-the-middle tokens (code models; None: no suffix).
     ``index_key``: whose earlier requests its drafts may come from and it adds to (a
     server's API key, digested; None: the Engine's own callers; see
-    :mod:`edgespec.drafting.suffix`). :meth:`Engine.stream <edgespec.engine.Engine.stream>`
+    :mod:`edgespec.drafting.suffix`). :meth:`Engine.stream <edgespec.engine.engine.Engine.stream>`
     documents each; its defaults are these."""
 
     prompt: Prompt

@@ -3,7 +3,7 @@ one generation decodes on when an Engine serves several at once.
 
 Its cache is one sequence of the model's context (``tokens``, ``truncate``, the prompt cache's
 ``save_state``/``restore_state`` act on that sequence alone); its passes (``eval``,
-``eval_hidden``) wait in the Engine's :class:`~edgespec.rounds.Rounds` and go in one
+``eval_hidden``) wait in the Engine's :class:`~edgespec.engine.rounds.Rounds` and go in one
 ``llama_decode`` with the other streams'. Everything else (the vocabulary, the text of a
 token, the settings, the threads) is the model's. The decoding loop, the drafters and the
 prompt cache cannot tell a view from a model: nothing above :mod:`edgespec.backend` sees a

@@ -30,11 +30,11 @@ import os
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
-from .errors import InvalidParameterError
-from .cpuload import QUIET, CpuMeter
+from ..errors import InvalidParameterError
+from ..cpuload import QUIET, CpuMeter
 
 if TYPE_CHECKING:
-    from .lm import LoadedModel
+    from ..lm import LoadedModel
 
 # A step this many times slower than the best recent step at the same count is a stall.
 STALL = 1.8

@@ -1,11 +1,11 @@
 """An Engine's lanes: where its generations run, ``parallel`` of them at once.
 
 A :class:`Lane` is one sequence of the target's context and one of the draft's (the KV caches
-of one conversation), seen as models by the decoding loop (:class:`~edgespec.stream_model.
+of one conversation), seen as models by the decoding loop (:class:`~edgespec.engine.stream_model.
 StreamModel`), with the draft's reduced output layer for that conversation. :class:`Lanes`
 admits a generation to a free lane (the one whose cache already holds the longest part of its
 prompt, else the least recently used) or queues it, first come, first served; the generations
-in lanes decode together, their passes batched by one :class:`~edgespec.rounds.Rounds`.
+in lanes decode together, their passes batched by one :class:`~edgespec.engine.rounds.Rounds`.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
-from .errors import EngineBusyError, InvalidParameterError
-from .prompt_cache import common_prefix
+from ..errors import EngineBusyError, InvalidParameterError
+from ..prompt_cache import common_prefix
 from .rounds import Member, Rounds
 from .stream_model import StreamModel
 from .streams import Job
 
 if TYPE_CHECKING:
-    from .drafting import ReducedHead
-    from .drafting.suffix import SuffixIndex
+    from ..drafting import ReducedHead
+    from ..drafting.suffix import SuffixIndex
 
 
 @dataclass(eq=False)

@@ -2,7 +2,7 @@
 names, and :class:`EngineDrafting` keeps one per kind of sampling over the costs they share,
 measured once per model file (calibration, its cache, re-measuring a busy one), with what the
 draft model needs beside them (its reduced output layer, the translation of a draft of another
-vocabulary); each generation gets its :class:`~edgespec.request.Speculation` from it.
+vocabulary); each generation gets its :class:`~edgespec.engine.request.Speculation` from it.
 
 The Engine imports this module itself: the package (:mod:`edgespec.drafting`), which the loop
 imports, leaves it out, since a Speculation belongs to the request the loop carries out."""
@@ -18,23 +18,23 @@ import numpy as np
 from ..config import DrafterKind, SamplingParams, SpecConfig
 from ..errors import InvalidParameterError
 from ..lm import LanguageModel, LoadedModel
-from ..request import Speculation
-from ..threads import governors_suspended
-from .base import Drafter
-from .cross_vocab import Translation
-from .batch import Ask, BatchCosts, plan_round
-from .gate import BatchGate, GatedDrafter
-from .suffix import SuffixIndexes
-from .costs import CostCache, Costs, calibrate, calibrate_cached, measure_draft_batch
-from .hybrid import HybridDrafter
-from .model import ModelDrafter
-from .ngram import NgramDrafter
-from .policy import AdaptiveLength, FixedLength, LengthPolicy
-from .reduced_head import HEAD_MIN_VOCAB, ReducedHead
+from .request import Speculation
+from .threads import governors_suspended
+from ..drafting.base import Drafter
+from ..drafting.cross_vocab import Translation
+from ..drafting.batch import Ask, BatchCosts, plan_round
+from ..drafting.gate import BatchGate, GatedDrafter
+from ..drafting.suffix import SuffixIndexes
+from ..drafting.costs import CostCache, Costs, calibrate, calibrate_cached, measure_draft_batch
+from ..drafting.hybrid import HybridDrafter
+from ..drafting.model import ModelDrafter
+from ..drafting.ngram import NgramDrafter
+from ..drafting.policy import AdaptiveLength, FixedLength, LengthPolicy
+from ..drafting.reduced_head import HEAD_MIN_VOCAB, ReducedHead
 
 if TYPE_CHECKING:
     from ..backend import VocabMap
-    from ..lanes import Lane
+    from .lanes import Lane
 
 
 def make_drafter(spec: SpecConfig, *, costs: Optional[Costs], k_max: int,
@@ -170,7 +170,7 @@ class EngineDrafting:
                                   lambda: rounds.committed)
 
     def observe_pass(self, target: bool, rows: int, seconds: float, context: int) -> None:
-        """A pass over several streams (:mod:`edgespec.rounds`): the target's, of ``rows``
+        """A pass over several streams (:mod:`edgespec.engine.rounds`): the target's, of ``rows``
         rows after contexts of ``context`` tokens on average, took ``seconds``; what the
         target's costs learn while streams share the passes (a draft pass's products are the
         lanes' own: its calibrated costs stay)."""
@@ -293,7 +293,7 @@ class EngineDrafting:
         return context if cross is None else list(cross[0].tokens(context))
 
     def set_draft_max(self, draft_max: Optional[int]) -> None:
-        """See :meth:`edgespec.engine.Engine.set_draft_max`."""
+        """See :meth:`edgespec.engine.engine.Engine.set_draft_max`."""
         if not self.spec.drafts:
             raise InvalidParameterError("draft_max", draft_max,
                                         "unused: this Engine has no drafter (load it with a "

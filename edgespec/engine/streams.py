@@ -2,10 +2,10 @@
 
 An Engine's models hold ``parallel`` sequences each (one pair of KV caches per lane). Each
 generation is a :class:`Stream` over a generator that the Engine writes. The generation waits
-for a free lane at the Engine's :class:`~edgespec.lanes.Lanes` (first come, first served) when
+for a free lane at the Engine's :class:`~.lanes.Lanes` (first come, first served) when
 the stream is first advanced, keeps that lane while it is open, and gives it back when it
 ends: after its last token, or when it is cancelled, closed or dropped. The generations in
-lanes decode together, their passes batched (:mod:`edgespec.rounds`): while a stream's reader
+lanes decode together, their passes batched (:mod:`.rounds`): while a stream's reader
 is away it holds nobody up.
 
 Ownership is arranged so that dropping a stream ends it at once: the :class:`Stream` owns the
@@ -50,7 +50,7 @@ class Job:
         self.cancelled_result = cancelled_result   # the result if it never gets to run
         self.generator: Optional[weakref.ref] = None
         # Its place in the batched passes while it holds a slot: told when its reader asks
-        # for a token and when it has it (edgespec.rounds); None outside a slot.
+        # for a token and when it has it (edgespec.engine.rounds); None outside a slot.
         self.on_advance: Optional[Callable[[bool], None]] = None
 
     def cancel(self) -> None:

@@ -1,9 +1,9 @@
 """One generation: wait for a lane, prefill both caches, decode, assemble text, and fill in
 the result whichever way it ends.
 
-:meth:`edgespec.engine.Engine.stream` checks the arguments, tokenizes the prompt and builds a
-:class:`~edgespec.request.Request`, then hands :func:`run_generation` to a
-:class:`~edgespec.streams.Stream`; this generator is everything that happens once the stream
+:meth:`edgespec.engine.engine.Engine.stream` checks the arguments, tokenizes the prompt and builds a
+:class:`~edgespec.engine.request.Request`, then hands :func:`run_generation` to a
+:class:`~edgespec.engine.streams.Stream`; this generator is everything that happens once the stream
 is advanced.
 """
 
@@ -16,14 +16,14 @@ from typing import Iterator, Optional
 import numpy as np
 
 from .lanes import Lane, Lanes
-from .lm import LanguageModel, LoadedModel
-from .prompt_cache import PromptCache, common_prefix
+from ..lm import LanguageModel, LoadedModel
+from ..prompt_cache import PromptCache, common_prefix
 from .request import Request
-from .results import Generation, GenerationStats, StreamEvent, TokenLogprob
+from ..results import Generation, GenerationStats, StreamEvent, TokenLogprob
 from .rounds import Cancelled
-from .speculative import LoopStats, decode
+from ..speculative import LoopStats, decode
 from .streams import Job
-from .textstream import TextAssembler
+from ..textstream import TextAssembler
 
 
 def prefill(model: LanguageModel, prompt: list[int],
@@ -69,7 +69,7 @@ def run_generation(job: Job, lanes: Lanes, req: Request,
     the loop's own ``finally`` trims the caches to what was generated, the statistics are
     finished, and the lane is handed on. A stop string's held-back text comes last, after
     the lane is handed on. While it holds a lane its passes are batched with the other
-    lanes' (:mod:`edgespec.rounds`): it is a member of the rounds while it decodes, parked
+    lanes' (:mod:`edgespec.engine.rounds`): it is a member of the rounds while it decodes, parked
     whenever its reader is away. ``cache``: conversations' states kept aside, consulted
     before each model's prefill (:mod:`edgespec.prompt_cache`).
     """
