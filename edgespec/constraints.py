@@ -183,13 +183,19 @@ _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "dependentSchemas")
 
 
+# An integer with no bounds gets llama.cpp's: at most 16 digits. Greedy SmolLM2 held to a
+# tool's {"population": integer} otherwise wrote 1s until the budget ended (a cut call).
+INTEGER_LIMIT = 10 ** 16 - 1
+
+
 def closed_objects(schema: Any) -> Any:
     """``schema`` with every object that lists its ``properties`` and says nothing of others
     closed to them (``additionalProperties: false``), as llama.cpp's schema-to-grammar does:
     a model held to a tool's schema otherwise invents keys (SmolLM2 sent get_weather(city,
     type, description), which the client's function refused). What the output may be only
     narrows, so the output still validates against ``schema`` as given. ``allOf`` members stay
-    open: closing each would forbid the others' properties."""
+    open: closing each would forbid the others' properties. An integer without bounds is held
+    to 16 digits (:data:`INTEGER_LIMIT`), as llama.cpp's grammar holds it."""
     if isinstance(schema, list):
         return [closed_objects(s) for s in schema]
     if not isinstance(schema, dict):
@@ -210,6 +216,11 @@ def closed_objects(schema: Any) -> Any:
             and "patternProperties" not in out and "unevaluatedProperties" not in out
             and "allOf" not in out):
         out["additionalProperties"] = False
+    if out.get("type") == "integer":
+        if "maximum" not in out and "exclusiveMaximum" not in out:
+            out["maximum"] = INTEGER_LIMIT
+        if "minimum" not in out and "exclusiveMinimum" not in out:
+            out["minimum"] = -INTEGER_LIMIT
     return out
 
 

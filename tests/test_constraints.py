@@ -273,3 +273,25 @@ def test_a_tool_schema_without_additional_properties_admits_no_invented_key(smol
     assert n == total
     n, total = taken('{"city": "Paris", "type": "string"}')
     assert n < total
+
+
+def test_an_integer_without_bounds_is_held_to_sixteen_digits(smollm2_q4_path):
+    """As llama.cpp's grammar holds it: greedy SmolLM2 otherwise wrote 1s to the budget in a
+    forced tool call. Bounds the schema states are kept."""
+    from edgespec.backend import GrammarVocab
+    from edgespec.constraints import INTEGER_LIMIT, closed_objects, tokenizer_for
+    assert closed_objects({"type": "integer"}) == {"type": "integer", "maximum": INTEGER_LIMIT,
+                                                   "minimum": -INTEGER_LIMIT}
+    assert closed_objects({"type": "integer", "minimum": 0}) == {
+        "type": "integer", "minimum": 0, "maximum": INTEGER_LIMIT}
+    vocab = GrammarVocab(smollm2_q4_path)
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+
+    def whole(text: str) -> bool:
+        g = GrammarState(Constraint.json_schema(schema), tokenizer_for(smollm2_q4_path,
+                                                                       lambda: vocab),
+                         len(vocab.pieces))
+        tokens = vocab.tokenize(text.encode())
+        return g.consume(tokens) == len(tokens)
+    assert whole('{"n": ' + "9" * 16 + "}") and whole('{"n": -' + "9" * 16 + "}")
+    assert not whole('{"n": ' + "1" * 17 + "}")
