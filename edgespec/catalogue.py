@@ -30,7 +30,8 @@ from .errors import EdgespecError, ModelLoadError, ModelNotFoundError
 from .gguf_file import (check_causal_lm, check_embedding_model, has_kv_cache,
                         is_embedding_model, read_gguf)
 from .registry import model_path, registry
-from .registry.pairs import chosen_files, is_present, pair_draft_path
+from .registry.draft_choice import chosen_files
+from .registry.store import is_present, pair_draft_path
 from .thinking import thinking_mode
 
 log = logging.getLogger(__name__)

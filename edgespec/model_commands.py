@@ -1,6 +1,6 @@
 """``edgespec pairs | pull | rm | pair derive``: the registry and the model files on this machine.
 
-A shell over :mod:`.registry.pairs` (and, through it, :mod:`.registry.hub`): parse, call,
+A shell over :mod:`.registry` (and, through it, :mod:`.registry.hub`): parse, call,
 print. It lives beside the other shells, not in the registry package, which core code uses.
 Results go to stdout (one ``name: path`` line per model), progress and notes to stderr.
 """
@@ -32,25 +32,26 @@ def _size(n: Optional[float], approx: bool = False) -> str:
 
 def _model_row(entry) -> tuple[str, str, str]:
     """(state, size, where) of one registry model, without touching the network."""
-    from .registry import pairs
-    if pairs.is_present(entry.name):
-        p = pairs.model_path(entry.name)
+    from .registry.store import is_present, model_path
+    if is_present(entry.name):
+        p = model_path(entry.name)
         return "downloaded", _size(p.stat().st_size), str(p)
     approx = entry.size or (entry.approx_gb * 1e9 if entry.approx_gb else None)
     state = "missing"
-    if entry.kind == "hub" and pairs.model_path(entry.name).is_file():
+    if entry.kind == "hub" and model_path(entry.name).is_file():
         state = "cached, unverified"
     parts = entry.wheel_parts
     if parts is not None:                   # a pull in parts that stopped half-way
         from .registry.wheel_parts import staged_parts
-        here = staged_parts(pairs.model_path(entry.name), parts)
+        here = staged_parts(model_path(entry.name), parts)
         if here:
             state = f"{here}/{len(parts)} parts"
     return state, _size(approx, approx=not entry.size), entry.origin
 
 
 def cmd_pairs(args) -> int:
-    from .registry.pairs import choice_record, chosen_draft, registry
+    from .registry import registry
+    from .registry.draft_choice import choice_record, chosen_draft
     reg = registry()
     for p in reg.pairs.values():
         rows = {role: _model_row(reg.models[m]) for role, m in
@@ -133,7 +134,7 @@ def cmd_pull(args) -> int:
 
 
 def _pull(args, line: _PartsLine) -> int:
-    from .registry import pairs
+    from .registry import ensure_model, local_path, pull_pair, registry
     show = sys.stderr.isatty()
     for name in args.names:
         if _is_hub_spec(name):
@@ -146,20 +147,19 @@ def _pull(args, line: _PartsLine) -> int:
         if args.revision:
             raise EdgespecError(f"--revision applies to REPO_ID/FILENAME, not to the registry "
                                 f"name '{name}' (its revision is pinned in pairs.toml)")
-        reg = pairs.registry()
+        reg = registry()
         models = reg.models_of(name)
         if any(m.kind == "hub" for m in models):
             from .registry.hub import stop_log_propagation
             stop_log_propagation()
         if name in reg.pairs and not args.no_check:
-            target, draft, across = pairs.pull_pair(name, show_progress=show, log=line.log,
-                                                    require_commit=args.pinned,
-                                                    progress=line)
+            target, draft, across = pull_pair(name, show_progress=show, log=line.log,
+                                              require_commit=args.pinned, progress=line)
             if not args.keep_draft:
                 from .registry.draft_choice import choose_once
                 draft = choose_once(name, target, draft, log=_status)
             print(f"{models[0].name}: {target}")
-            listed = pairs.local_path(models[1].name)
+            listed = local_path(models[1].name)
             print(f"{models[1].name}: {listed}")
             if draft != listed:                 # a precision measured faster on this machine
                 print(f"draft: {draft}")
@@ -169,8 +169,8 @@ def _pull(args, line: _PartsLine) -> int:
             _served(target, draft)
             continue
         for m in models:
-            path = pairs.ensure_model(m.name, show_progress=show, log=line.log,
-                                      require_commit=args.pinned, progress=line)
+            path = ensure_model(m.name, show_progress=show, log=line.log,
+                                require_commit=args.pinned, progress=line)
             print(f"{m.name}: {path}")
             if len(models) == 1:
                 _served(path)
@@ -192,7 +192,8 @@ def _served(target: Path, draft: Optional[Path] = None) -> None:
 def cmd_rm(args) -> int:
     from .catalogue import own_file
     from . import paths
-    from .registry import pairs
+    from .registry import registry, remove_model
+    from .registry.draft_choice import forget_choice
     from .registry.downloads import human_size
     for name in args.names:
         if Path(name).expanduser().is_file() and own_file(name) is None:
@@ -204,7 +205,7 @@ def cmd_rm(args) -> int:
             _status(f"{name}: " + (f"removed, {human_size(freed)} freed" if freed
                                   else "not downloaded"))
             continue
-        reg = pairs.registry()
+        reg = registry()
         local = None if name in reg.pairs or name in reg.models else own_file(name)
         if local is not None:           # e.g. a draft made by `edgespec pair derive`
             size = local.stat().st_size
@@ -212,11 +213,11 @@ def cmd_rm(args) -> int:
             _status(f"{local.name}: removed, {human_size(size)} freed")
             continue
         if name in reg.pairs:
-            freed = pairs.forget_choice(name)       # the draft chosen on this machine
+            freed = forget_choice(name)     # the draft chosen on this machine
             if freed:
                 _status(f"{name}'s chosen draft: removed, {human_size(freed)} freed")
         for m in reg.models_of(name):
-            freed = pairs.remove_model(m.name)
+            freed = remove_model(m.name)
             others = [p for p in reg.pairs_using(m.name) if p != name]
             note = f" (also used by {', '.join(others)})" if freed and others else ""
             _status(f"{m.name}: " + (f"removed, {human_size(freed)} freed{note}" if freed
@@ -231,7 +232,7 @@ def cmd_rm(args) -> int:
 def cmd_pair_derive(args) -> int:
     from .catalogue import own_file
     from .registry.downloads import human_size
-    from .registry.pairs import derive_draft
+    from .registry import derive_draft
     target = Path(args.target)
     if args.quant.lower() == "auto":
         from .registry.draft_choice import derive_best

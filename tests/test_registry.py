@@ -143,8 +143,8 @@ def test_hub_spec_check_is_shared_with_downloads():
 
 
 def test_local_models_never_load_the_hub_client():
-    code = ("import sys; from edgespec.registry import pairs; pairs.registry(); "
-            "pairs.is_present('smollm2-135m-instruct-q4_1'); pairs.model_path('gemma-3-270m-f32'); "
+    code = ("import sys; from edgespec.registry import pairs, store; pairs.registry(); "
+            "store.is_present('smollm2-135m-instruct-q4_1'); store.model_path('gemma-3-270m-f32'); "
             "print('huggingface_hub' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr

@@ -23,17 +23,28 @@ as long as its answer: (r + 1) / (r + r_d + 1 / S), r and r_d the target's and t
 time to read a token in units of the target's step; the best is kept and the others deleted.
 `edgespec pull` makes the same choice for a registry pair that lists ``draft_candidates``,
 with the listed draft among the candidates (:func:`choose_pair_draft`).
+
+The choices are recorded here too (``draft-choices.json`` in the models folder, one per pair,
+with the CPU it was made on): :func:`chosen_draft` is what :func:`~.store.resolve_pair` hands
+out, :func:`forget_choice` what ``edgespec rm`` undoes.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import platform
 import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-import numpy as np
+from .. import paths
+from ..errors import EdgespecError
+from .derive import derive_draft
+from .pairs import registry
 
 CANDIDATES = ("Q8_0", "Q4_K_M", "Q4_0")
 TEXT_TOKENS = 192           # the text both models read
@@ -98,6 +109,8 @@ def measure(target_path: Path, candidates: list[Candidate], n_threads: Optional[
             log: Callable[[str], None] = lambda s: None) -> list[Candidate]:
     """Each candidate's agreement, step share and expected speed-up against the target, best
     first."""
+    import numpy as np
+
     from ..backend import LlamaModel
     from ..config import ModelConfig, default_threads
     from ..drafting.costs import Costs
@@ -158,9 +171,6 @@ def derive_best(target: Path, out: Optional[Path] = None, *, force: bool = False
     """Derive each of ``candidates`` from ``target``, measure them (:func:`measure`), keep the
     best at ``out`` (default ``<models dir>/<target stem>.draft-<QUANT>.gguf``) and delete the
     others; (its path, every candidate best first)."""
-    from .. import paths
-    from ..errors import EdgespecError
-    from .pairs import derive_draft
     target = Path(target)
     folder = Path(out).parent if out else paths.models_dir()
     if out and Path(out).exists() and not force:    # refused before minutes of deriving
@@ -191,7 +201,6 @@ def choose_once(name: str, target: Path, draft: Path,
     """Pair ``name``'s draft on this machine (``target`` and its listed ``draft`` are here):
     measured and chosen the first time (:func:`choose_pair_draft`) when the registry lists
     ``draft_candidates`` for it and nothing was chosen on this CPU yet."""
-    from .pairs import choice_record, chosen_draft, registry
     if registry().pair(name).draft_candidates and choice_record(name) is None:
         choose_pair_draft(name, target, draft, log=log)
     return chosen_draft(name) or draft
@@ -203,8 +212,6 @@ def choose_pair_draft(name: str, target: Path, listed: Path, *, n_threads: Optio
     ``target`` and measured beside the ``listed`` draft; the fastest is recorded as the
     pair's draft (``resolve_pair`` hands it out from then on), the others deleted. Every
     candidate, best first."""
-    from .. import paths
-    from .pairs import derive_draft, record_choice, registry
     pair = registry().pair(name)
     folder = paths.models_dir()
     made: list[Candidate] = []
@@ -237,3 +244,95 @@ def choose_pair_draft(name: str, target: Path, listed: Path, *, n_threads: Optio
         for c in made:
             if c.path.name.startswith(".") and c.path.exists():
                 c.path.unlink()
+
+
+# ---------------------------------------------------------------------------------------------
+# The choice on record: the draft measured fastest on this machine, per pair
+
+CHOICES_FILE = "draft-choices.json"
+
+
+def _choices() -> dict:
+    try:
+        data = json.loads((paths.models_dir() / CHOICES_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def chosen_draft(name: str) -> Optional[Path]:
+    """The draft of pair ``name`` that `edgespec pull` measured fastest on this CPU, when it
+    is not the listed one and its file is here; else None. A choice made on another CPU (a
+    models folder carried over) does not count: its kernels are not this one's."""
+    pair = registry().pair(name)
+    rec = _choices().get(name)
+    if not pair.draft_candidates or not isinstance(rec, dict) or not rec.get("file") \
+            or rec.get("listed") != pair.draft or rec.get("machine") != machine_id():
+        return None
+    p = paths.models_dir() / Path(str(rec["file"])).name
+    return p if p.is_file() else None
+
+
+def choice_record(name: str) -> Optional[dict]:
+    """What `edgespec pull` measured for pair ``name`` on this CPU (None: nothing yet)."""
+    rec = _choices().get(name)
+    pair = registry().pair(name)
+    ok = isinstance(rec, dict) and rec.get("listed") == pair.draft \
+        and rec.get("machine") == machine_id() \
+        and (not rec.get("file") or (paths.models_dir() / Path(str(rec["file"])).name).is_file())
+    return rec if ok else None
+
+
+def chosen_files() -> set[str]:
+    """The file names of every pair's chosen draft (the registry's, not the user's own)."""
+    return {Path(str(r["file"])).name for r in _choices().values()
+            if isinstance(r, dict) and r.get("file")}
+
+
+def record_choice(name: str, rec: Optional[dict]) -> None:
+    """Write (or, with None, forget) pair ``name``'s choice; atomically."""
+    data = _choices()
+    if rec is None:
+        if data.pop(name, None) is None:
+            return
+    else:
+        data[name] = {**rec, "machine": machine_id(), "listed": registry().pair(name).draft}
+    folder = paths.models_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{CHOICES_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    tmp.replace(folder / CHOICES_FILE)
+
+
+def machine_id() -> str:
+    """This CPU: its model name and feature flags (what decides which kernels run)."""
+    model, flags = platform.machine(), ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                k = k.strip()
+                if k == "model name" and model == platform.machine():
+                    model = v.strip()
+                elif k in ("flags", "Features") and not flags:
+                    flags = v.strip()
+                if flags and model != platform.machine():
+                    break
+    except OSError:
+        pass
+    return hashlib.sha256(f"{model}\n{flags}\n{os.cpu_count()}".encode()).hexdigest()[:16]
+
+
+
+def forget_choice(name: str) -> int:
+    """Delete pair ``name``'s chosen draft (a file derived for it) and its record; the bytes
+    freed."""
+    chosen, freed = chosen_draft(name), 0
+    rec = _choices().get(name)
+    if chosen is None and isinstance(rec, dict) and rec.get("file"):
+        chosen = paths.models_dir() / Path(str(rec["file"])).name     # made on another CPU
+    if chosen is not None and chosen.is_file():
+        freed = chosen.stat().st_size
+        chosen.unlink()
+    record_choice(name, None)
+    return freed
