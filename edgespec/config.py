@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import InitVar, dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 
@@ -45,6 +45,7 @@ DRAFTERS = tuple(k.value for k in DrafterKind)
 VERIFIERS = ("block", "token")
 VERIFIER = "block"
 
+TEMPERATURE_MAX = 1e6     # the engine's bound (an API may state a lower one)
 N_CTX = 4096              # context window of each model, in tokens
 N_BATCH = 512             # most tokens per llama.cpp call
 MAX_TOKENS = 256          # most tokens per generation (API, `edgespec run`, the server)
@@ -95,10 +96,14 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     seed: int | None = None
+    # The highest temperature allowed: an API's own range where it states one (OpenAI's 2,
+    # Anthropic's 1); not a field: the check below is the only one.
+    temperature_max: InitVar[float] = TEMPERATURE_MAX
 
-    def __post_init__(self) -> None:
-        _check_real("temperature", self.temperature, 0.0, 1e6,
-                    valid="a finite number >= 0 (0 = greedy)")
+    def __post_init__(self, temperature_max: float) -> None:
+        _check_real("temperature", self.temperature, 0.0, temperature_max,
+                    valid="a finite number >= 0 (0 = greedy)" if temperature_max >= TEMPERATURE_MAX
+                    else f"a number in [0, {temperature_max:g}] (0 = greedy)")
         _check_int("top_k", self.top_k, 0, None, valid="an integer >= 0 (0 = disabled)")
         _check_real("top_p", self.top_p, 0.0, 1.0, lo_open=True,
                     valid="a number in (0, 1] (1 = disabled)")

@@ -207,7 +207,12 @@ class ToolPlan:
     def make(cls, messages: list[dict], tools: Optional[Sequence[Tool]], choice: str,
              native_template: bool, parallel: bool = False,
              tag_ids: Optional[tuple[int, int]] = None) -> "ToolPlan":
+        """The plan of ``messages`` with ``tools`` and ``choice``. ``parallel``: several calls
+        in one answer, where the template writes call tags (``native_template``); the
+        generic JSON format makes one at a time: small models repeat one call in it until
+        the budget ends (docs/decisions.md, "generic-tool-calls")."""
         tools = list(tools or [])
+        parallel = parallel and native_template
         use = [t for t in tools if choice in CHOICES or t.name == choice]
         if not use or choice == "none":
             # No call may be made; the history may still hold calls and results.

@@ -67,7 +67,7 @@ def test_a_conversation_with_calls_and_results_becomes_the_engines_messages():
         top_p=0.9, metadata={"user_id": "u1"}, service_tier="auto", speed="fast",
         thinking={"type": "disabled"}, tool_choice={"type": "auto"})
     assert req.kind == "chat" and req.model == "pair" and not req.stream
-    assert req.prompt == [
+    assert req.generation.prompt == [
         {"role": "system", "content": "Be brief. Use tools."},
         {"role": "user", "content": "Weather in Paris and the time?"},
         {"role": "assistant", "content": "Let me look.", "tool_calls": [
@@ -79,12 +79,14 @@ def test_a_conversation_with_calls_and_results_becomes_the_engines_messages():
         {"role": "tool", "content": "error: no clock", "tool_call_id": "toolu_2",
          "name": "clock"},
         {"role": "user", "content": "Thanks!"}]
-    assert req.stop == ("\n\n", "END") and req.max_tokens == 8
-    s = req.sampling
+    assert req.generation.stop == ("\n\n", "END") and req.generation.max_tokens == 8
+    s = req.generation.sampling
     assert (s.temperature, s.top_k, s.top_p) == (0.5, 7, 0.9)
-    assert [t.name for t in req.tools] == ["get_weather", "clock"]
-    assert req.tools[0].parameters == WEATHER["input_schema"]
-    assert req.tool_choice == "auto" and req.parallel_tool_calls and req.holds_answer
+    assert [t.name for t in req.generation.tools] == ["get_weather", "clock"]
+    assert req.generation.tools[0].parameters == WEATHER["input_schema"]
+    assert req.generation.tool_choice == "auto"
+    assert req.generation.parallel_tool_calls
+    assert req.holds_answer
 
 
 @pytest.mark.parametrize("choice,expect,parallel", [
@@ -94,21 +96,26 @@ def test_a_conversation_with_calls_and_results_becomes_the_engines_messages():
 ])
 def test_tool_choice(choice, expect, parallel):
     req = messages(tools=[WEATHER, CLOCK], tool_choice=choice)
-    assert (req.tool_choice, req.parallel_tool_calls) == (expect, parallel)
+    assert (req.generation.tool_choice, req.generation.parallel_tool_calls) == (expect, parallel)
     assert req.holds_answer == (expect != "none")
 
 
 def test_defaults_streaming_counting_and_structured_output():
     req = messages(stream=True, max_tokens=100_000)   # past the context: stops at its edge
-    assert req.stream and req.max_tokens == 100_000 and req.stop == () and req.tools is None
-    assert req.sampling.temperature == 0.8            # edgespec's default, not Anthropic's
+    assert req.stream
+    assert req.generation.max_tokens == 100_000
+    assert req.generation.stop == ()
+    assert req.generation.tools is None
+    assert req.generation.sampling.temperature == \
+        0.8            # edgespec's default, not Anthropic's
     req = messages(output_config={"effort": "low", "format": {
         "type": "json_schema", "schema": {"type": "object"}}})
-    assert isinstance(req.constraint, Constraint)
+    assert isinstance(req.generation.constraint, Constraint)
     count = parse_count({"model": "pair", "messages": HI, "system": "s", "tools": [WEATHER],
                          "tool_choice": {"type": "any"}}, N_CTX)
-    assert count.prompt[0] == {"role": "system", "content": "s"}
-    assert count.tool_choice == "required" and count.tools[0].name == "get_weather"
+    assert count.generation.prompt[0] == {"role": "system", "content": "s"}
+    assert count.generation.tool_choice == "required"
+    assert count.generation.tools[0].name == "get_weather"
 
 
 @pytest.mark.parametrize("fields,words", [

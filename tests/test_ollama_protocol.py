@@ -72,10 +72,13 @@ def test_chat_defaults_stream_to_the_context_edge_with_edgespecs_sampling():
     r = chat()
     assert r.model == "pair" and not r.load_only
     g = r.gen
-    assert (g.kind, g.prompt, g.model) == ("chat", HI, "pair")
+    assert (g.kind, g.generation.prompt, g.model) == ("chat", HI, "pair")
     assert g.stream is True                      # Ollama streams unless told not to
-    assert g.max_tokens == N_CTX and g.stop == () and g.sampling == SamplingParams()
-    assert (g.constraint, g.tools, g.tool_choice, g.logprobs) == (None, None, None, None)
+    assert g.generation.max_tokens == N_CTX
+    assert g.generation.stop == ()
+    assert g.generation.sampling == SamplingParams()
+    q = g.generation
+    assert (q.constraint, q.tools, q.tool_choice, q.logprobs) == (None, None, None, None)
     assert (r.keep_alive, g.generation.think, r.num_ctx, g.num_ctx) == (None, None, None, None)
     assert chat(stream=False).gen.stream is False
     assert chat(stream=None).gen.stream is True
@@ -86,24 +89,26 @@ def test_options_map_to_sampling_params():
                       "repeat_penalty": 1.3, "repeat_last_n": 32, "presence_penalty": 0.5,
                       "frequency_penalty": -0.5, "seed": 42, "stop": ["\n", "User:"],
                       "num_predict": 100, "num_ctx": 8192})
-    assert r.gen.sampling == SamplingParams(temperature=0.2, top_k=7, top_p=0.5, min_p=0.1,
+    assert r.gen.generation.sampling == \
+        SamplingParams(temperature=0.2, top_k=7, top_p=0.5, min_p=0.1,
                                             repeat_penalty=1.3, repeat_last_n=32,
                                             presence_penalty=0.5, frequency_penalty=-0.5,
                                             seed=42)
-    assert r.gen.stop == ("\n", "User:") and r.gen.max_tokens == 100
+    assert r.gen.generation.stop == ("\n", "User:") and r.gen.generation.max_tokens == 100
     assert r.num_ctx == r.gen.num_ctx == 8192    # the context to load the model with
-    assert chat(options={"stop": "END"}).gen.stop == ("END",)
-    assert chat(options={"top_k": 5.0}).gen.sampling.top_k == 5      # JSON numbers from JS
-    assert chat(options={"temperature": None}).gen.sampling == SamplingParams()
+    assert chat(options={"stop": "END"}).gen.generation.stop == ("END",)
+    assert chat(options={"top_k": 5.0}).gen.generation.sampling.top_k == \
+        5      # JSON numbers from JS
+    assert chat(options={"temperature": None}).gen.generation.sampling == SamplingParams()
 
 
 def test_ollamas_special_values():
-    assert chat(options={"seed": -1}).gen.sampling.seed is None          # -1: random
-    assert chat(options={"seed": -2}).gen.sampling.seed == 2 ** 64 - 2
-    assert chat(options={"repeat_last_n": -1}).gen.sampling.repeat_last_n == N_CTX
+    assert chat(options={"seed": -1}).gen.generation.sampling.seed is None          # -1: random
+    assert chat(options={"seed": -2}).gen.generation.sampling.seed == 2 ** 64 - 2
+    assert chat(options={"repeat_last_n": -1}).gen.generation.sampling.repeat_last_n == N_CTX
     for n in (-1, -2, 0):                           # all run to the context's end, as in Ollama
-        assert chat(options={"num_predict": n}).gen.max_tokens == N_CTX
-    assert chat(options={"num_predict": 10 ** 6}).gen.max_tokens == N_CTX
+        assert chat(options={"num_predict": n}).gen.generation.max_tokens == N_CTX
+    assert chat(options={"num_predict": 10 ** 6}).gen.generation.max_tokens == N_CTX
     chat_refused("options.num_predict=-3 is invalid", options={"num_predict": -3})
     chat_refused("options.num_ctx=0 is invalid", options={"num_ctx": 0})
 
@@ -114,9 +119,9 @@ def test_options_that_do_not_change_the_output_are_accepted_and_ignored():
                "f16_kv": True, "logits_all": False, "vocab_only": False,
                "embedding_only": False, "mirostat_tau": 0.8, "mirostat_eta": 0.6,
                "mirostat": 0, "typical_p": 1.0, "tfs_z": 1, "penalize_newline": True}
-    assert chat(options=options).gen.sampling == SamplingParams()
+    assert chat(options=options).gen.generation.sampling == SamplingParams()
     # no penalty in use: whether newlines would be penalized does not matter
-    assert chat(options={"penalize_newline": False}).gen.sampling == SamplingParams()
+    assert chat(options={"penalize_newline": False}).gen.generation.sampling == SamplingParams()
 
 
 @pytest.mark.parametrize("name,value,words", [
@@ -142,11 +147,11 @@ def test_penalize_newline_false_is_refused_with_a_penalty():
 
 
 def test_format():
-    assert chat(format="json").gen.constraint.kind == "json"
+    assert chat(format="json").gen.generation.constraint.kind == "json"
     schema = {"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"]}
-    c = chat(format=schema).gen.constraint
+    c = chat(format=schema).gen.generation.constraint
     assert c.kind == "json_schema" and c.schema == schema
-    assert chat(format="").gen.constraint is None
+    assert chat(format="").gen.generation.constraint is None
     chat_refused("format='yaml' is invalid", "'json' or a JSON schema", format="yaml")
     chat_refused("format:", "invalid", format={"type": "objekt"})
     chat_refused("format.$schema", format={"$schema": [1]})
@@ -154,9 +159,9 @@ def test_format():
 
 def test_tools_are_parsed_and_several_calls_allowed():
     g = chat(tools=[WEATHER]).gen
-    assert [t.name for t in g.tools] == ["get_weather"]
-    assert g.tool_choice == "auto" and g.parallel_tool_calls is True
-    assert chat(tools=[]).gen.tools is None
+    assert [t.name for t in g.generation.tools] == ["get_weather"]
+    assert g.generation.tool_choice == "auto" and g.generation.parallel_tool_calls is True
+    assert chat(tools=[]).gen.generation.tools is None
     chat_refused("tools[0].function.name", tools=[{"type": "function", "function": {}}])
     chat_refused("tools[0].function.parameters.$schema",
                  tools=[{"type": "function", "function": {"name": "f",
@@ -167,12 +172,12 @@ def test_tools_are_parsed_and_several_calls_allowed():
 def test_messages():
     msgs = [{"role": "System", "content": "Be brief."}, {"role": "user", "content": None},
             {"role": "assistant", "content": "ok", "thinking": "hmm"}]
-    assert chat(messages=msgs).gen.prompt == [
+    assert chat(messages=msgs).gen.generation.prompt == [
         {"role": "system", "content": "Be brief."}, {"role": "user", "content": ""},
         {"role": "assistant", "content": "ok"}]
     chat_refused("messages[0].images is not supported: edgespec serves text models",
                  messages=[{"role": "user", "content": "what is this?", "images": ["iVBO"]}])
-    assert chat(messages=[{"role": "user", "content": "x", "images": []}]).gen.prompt
+    assert chat(messages=[{"role": "user", "content": "x", "images": []}]).gen.generation.prompt
     chat_refused("messages[0].role='wizard' is invalid", "system, user, assistant, tool",
                  messages=[{"role": "wizard", "content": "x"}])
     chat_refused("messages[0].content=5 is invalid", messages=[{"role": "user", "content": 5}])
@@ -196,7 +201,7 @@ def test_tool_calls_in_the_history_become_openais_shape():
             {"role": "tool", "content": "sunny", "tool_name": "get_weather"},
             {"role": "tool", "content": "late", "tool_name": "get_weather",
              "tool_call_id": "mine"}]
-    prompt = chat(messages=msgs).gen.prompt
+    prompt = chat(messages=msgs).gen.generation.prompt
     calls = prompt[1]["tool_calls"]
     assert calls[0]["type"] == "function" and calls[0]["id"].startswith("call_")
     assert calls[0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
@@ -246,9 +251,9 @@ def test_think_goes_to_the_generation_truncate_and_shift_are_accepted_and_ignore
 
 
 def test_logprobs():
-    assert chat(logprobs=True).gen.logprobs == 0
-    assert chat(logprobs=True, top_logprobs=5).gen.logprobs == 5
-    assert chat(top_logprobs=5).gen.logprobs is None      # only with logprobs, as in Ollama
+    assert chat(logprobs=True).gen.generation.logprobs == 0
+    assert chat(logprobs=True, top_logprobs=5).gen.generation.logprobs == 5
+    assert chat(top_logprobs=5).gen.generation.logprobs is None   # only with logprobs (Ollama)
     chat_refused("top_logprobs=21 is invalid", logprobs=True, top_logprobs=21)
 
 
@@ -269,25 +274,27 @@ def test_request_level_refusals():
 
 def test_generate_wraps_the_prompt_as_a_user_message():
     g = generate().gen
-    assert g.kind == "chat" and g.prompt == [{"role": "user", "content": "Once upon a time"}]
-    assert g.stream is True and g.max_tokens == N_CTX
-    assert generate(system="Be brief.").gen.prompt == [
+    assert g.kind == "chat"
+    assert g.generation.prompt == [{"role": "user", "content": "Once upon a time"}]
+    assert g.stream is True and g.generation.max_tokens == N_CTX
+    assert generate(system="Be brief.").gen.generation.prompt == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Once upon a time"}]
-    assert generate(format="json").gen.constraint.kind == "json"
+    assert generate(format="json").gen.generation.constraint.kind == "json"
 
 
 def test_generate_raw_sends_the_prompt_as_is():
     g = generate(raw=True, format="json").gen
-    assert (g.kind, g.prompt, g.raw) == ("completion", "Once upon a time", True)
-    assert g.constraint.kind == "json"
+    assert (g.kind, g.generation.prompt, g.generation.raw) == \
+        ("completion", "Once upon a time", True)
+    assert g.generation.constraint.kind == "json"
     generate_refused("system is not supported", "put it in the prompt", raw=True, system="S")
 
 
 def test_generate_refusals():
     generate_refused("template is not supported", "/api/chat", template="{{ .Prompt }}")
     filled = generate(suffix="    return result").gen        # fill in the middle: no template
-    assert (filled.kind, filled.prompt, filled.generation.suffix) == \
+    assert (filled.kind, filled.generation.prompt, filled.generation.suffix) == \
         ("completion", "Once upon a time", "    return result")
     generate_refused("system is not supported", "no template", suffix="x", system="S")
     generate_refused("context is not supported", "deprecated", "/api/chat", context=[1, 2, 3])
@@ -319,16 +326,20 @@ def test_what_the_official_client_sends_is_understood():
     ).model_dump(exclude_none=True)
     body.pop("format")                  # format and tools together are refused: tested above
     r = parse_ollama_chat(json.loads(json.dumps(body)), N_CTX)
-    assert r.gen.stream is False and r.gen.max_tokens == 64 and r.gen.sampling.greedy
-    assert [t.name for t in r.gen.tools] == ["weather"]
-    assert r.gen.prompt[2]["tool_call_id"] == r.gen.prompt[1]["tool_calls"][0]["id"]
+    assert r.gen.stream is False
+    assert r.gen.generation.max_tokens == 64
+    assert r.gen.generation.sampling.greedy
+    assert [t.name for t in r.gen.generation.tools] == ["weather"]
+    assert r.gen.generation.prompt[2]["tool_call_id"] == \
+        r.gen.generation.prompt[1]["tool_calls"][0]["id"]
     assert (r.keep_alive, r.gen.generation.think, r.num_ctx) == (300.0, True, 2048)
 
     body = GenerateRequest(model="pair", prompt="Hi", suffix="", system="", template="",
                            raw=False, stream=True, format="", images=None,
                            options={"seed": 1}).model_dump(exclude_none=True)
     r = parse_ollama_generate(json.loads(json.dumps(body)), N_CTX)
-    assert r.gen.prompt == [{"role": "user", "content": "Hi"}] and r.gen.sampling.seed == 1
+    assert r.gen.generation.prompt == [{"role": "user", "content": "Hi"}]
+    assert r.gen.generation.sampling.seed == 1
 
 
 # ---------------------------------------------------------------------------------------------

@@ -84,7 +84,8 @@ def test_the_context_and_thinking_a_body_asks_for():
     assert parse_chat({"messages": HI}, 512).generation.think is None
     assert parse_completion({"prompt": "x", "num_ctx": 64}, 512).num_ctx == 64
     # the body is checked against the context it will be served with
-    assert parse_chat({"messages": HI, "max_tokens": 2000, "num_ctx": 2048}, 2048).max_tokens \
+    assert parse_chat({"messages": HI, "max_tokens": 2000, "num_ctx": 2048},
+                      2048).generation.max_tokens \
         == 2000
     for body, words in [({"num_ctx": 0}, "num_ctx=0 is invalid"),
                         ({"num_ctx": "big"}, "num_ctx='big' is invalid"),

@@ -30,8 +30,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 from .. import config
 from ..backend import (VocabMap, backend_info, check_pair, open_pair, placement, same_network,
                       release_free_heap, rpc_endpoints)
-from ..config import ModelConfig, SamplingParams, SpecConfig, default_threads
-from ..constraints import Constraint
+from ..config import ModelConfig, SpecConfig, default_threads
 from ..drafting import HEAD_MIN_VOCAB, ReducedHead
 from .drafting import EngineDrafting
 from ..embedding import Embedder, Embeddings, Inputs
@@ -272,43 +271,31 @@ class Engine:
     def chat(self, messages: Sequence[Mapping[str, str]], **kwargs) -> Generation:
         return self.generate(messages, **kwargs)
 
-    def stream(self, prompt: Prompt, *, max_tokens: int = config.MAX_TOKENS,
-               sampling: Optional[SamplingParams] = None, speculative: bool = True,
-               raw: bool = False, stop: Sequence[str] = (),
-               constraint: Optional[Constraint] = None, tools: Optional[Sequence] = None,
-               tool_choice: Any = None, parallel_tool_calls: bool = False,
-               logprobs: Optional[int] = None, think: Any = None,
-               suffix: Optional[str] = None) -> Stream:
+    def stream(self, prompt: Prompt, **options) -> Stream:
         """Like :meth:`generate`, streaming :class:`StreamEvent` objects as tokens commit.
 
-        ``tools``: functions the model may call (OpenAI's shape, or :class:`~edgespec.tools.
-        Tool`), ``tool_choice`` ``"auto"``/``"none"``/``"required"``/a name; the events carry
-        the raw output, the result's ``text`` and ``tool_calls`` what it means.
-        ``logprobs``: this many alternatives per token in ``Generation.logprobs``. ``think``:
-        a thinking model's reasoning on (True, ``"low"``…) or off; its events and result
-        carry it in ``thinking`` (:mod:`edgespec.thinking`), a constraint shapes the answer.
-        ``suffix``: fill in the middle: the output goes between ``prompt`` (the text before
-        the gap, as-is) and ``suffix``, for models with fill-in-the-middle tokens (code
-        models such as Qwen2.5-Coder); others raise :class:`~edgespec.errors.
-        InvalidParameterError`.
+        ``options`` are :class:`~edgespec.engine.request.GenerationRequest`'s fields, each
+        documented there: ``max_tokens``, ``sampling``, ``speculative``, ``raw``, ``stop``,
+        ``constraint``, ``tools``/``tool_choice``/``parallel_tool_calls`` (the events carry
+        the raw output, the result's ``text`` and ``tool_calls`` what it means),
+        ``logprobs``, ``think`` (a thinking model's reasoning: its events and result carry it
+        in ``thinking``, :mod:`edgespec.thinking`) and ``suffix`` (fill in the middle, for
+        models with fill-in-the-middle tokens; others raise :class:`~edgespec.errors.
+        InvalidParameterError`).
 
         Arguments are checked and the prompt tokenized here (errors are raised by this call);
         the generation waits for a lane when the stream is first advanced. See
         :class:`~edgespec.engine.streams.Stream` for cancelling and closing it.
         """
-        return self.submit(GenerationRequest(
-            prompt, max_tokens=max_tokens, sampling=sampling, speculative=speculative, raw=raw,
-            stop=stop, constraint=constraint, tools=tools, tool_choice=tool_choice,
-            parallel_tool_calls=parallel_tool_calls, logprobs=logprobs, think=think,
-            suffix=suffix))
+        return self.submit(GenerationRequest.of(prompt, **options))
 
     def submit(self, req: GenerationRequest) -> Stream:
         """:meth:`stream` for a request built beforehand (a server's parsed body): the same
         checks, errors and stream."""
         self._check_open()
-        sampling = req.sampling if req.sampling is not None else SamplingParams()
-        run, thinking = self._prompter.request(req, sampling, self.n_ctx, speculation=(
-            self._drafting.speculation(sampling, req.index_key) if req.speculative else None))
+        run, thinking = self._prompter.prepare(req, self.n_ctx, speculation=(
+            self._drafting.speculation(req.sampling, req.index_key) if req.speculative
+            else None))
         job = Job(self.lanes, not_started(run))
         events = run_generation(job, self.lanes, run, self.prompt_cache)
         return Stream(job, thinking.events(events) if thinking is not None else events)

@@ -2,7 +2,7 @@
 the result whichever way it ends.
 
 :meth:`edgespec.engine.engine.Engine.stream` checks the arguments, tokenizes the prompt and builds a
-:class:`~edgespec.engine.request.Request`, then hands :func:`run_generation` to a
+:class:`~edgespec.engine.request.Prepared`, then hands :func:`run_generation` to a
 :class:`~edgespec.engine.streams.Stream`; this generator is everything that happens once the stream
 is advanced.
 """
@@ -18,7 +18,7 @@ import numpy as np
 from .lanes import Lane, Lanes
 from ..lm import LanguageModel, LoadedModel
 from ..prompt_cache import PromptCache, common_prefix
-from .request import Request
+from .request import Prepared
 from ..results import Generation, GenerationStats, StreamEvent, TokenLogprob
 from .rounds import Cancelled
 from ..speculative import LoopStats, decode
@@ -50,18 +50,18 @@ def prefill(model: LanguageModel, prompt: list[int],
     return len(model.tokens) - keep, None
 
 
-def new_stats(req: Request) -> GenerationStats:
+def new_stats(req: Prepared) -> GenerationStats:
     """The statistics of ``req`` before anything ran (a result that never started has these)."""
     return GenerationStats(prompt_tokens=len(req.prompt), speculative=req.speculative,
                            loop=LoopStats())
 
 
-def not_started(req: Request) -> Generation:
+def not_started(req: Prepared) -> Generation:
     """The result of a generation cancelled (or whose Engine closed) before its turn came."""
     return Generation("", [], "cancelled", new_stats(req))
 
 
-def run_generation(job: Job, lanes: Lanes, req: Request,
+def run_generation(job: Job, lanes: Lanes, req: Prepared,
                    cache: Optional[PromptCache] = None) -> Iterator[StreamEvent]:
     """The generation behind a Stream: waits for a lane, then prefill → decode → result.
 
@@ -109,7 +109,7 @@ class _Run:
     """The state of one generation while it holds its lane: its steps, in order, are
     :meth:`prefill`, :meth:`decode`, :meth:`finish_text`, then always :meth:`close`."""
 
-    def __init__(self, lane: Lane, req: Request, cancelled: threading.Event,
+    def __init__(self, lane: Lane, req: Prepared, cancelled: threading.Event,
                  cache: Optional[PromptCache] = None):
         self.lane = lane
         self.target, self.req, self.cancelled, self.cache = lane.target, req, cancelled, cache
@@ -125,7 +125,7 @@ class _Run:
         self.text: list[str] = []
         self.tail = ""
         self.finish_reason = "length"
-        self.assembler = TextAssembler(list(req.stop))
+        self.assembler = TextAssembler(list(req.request.stop))
         self.steps = None               # the decoding loop, once it runs
         self.first_row: Optional[np.ndarray] = None     # the target's logits after the prompt
         self.t_decode: Optional[float] = None
@@ -165,14 +165,15 @@ class _Run:
         if self.cancelled.is_set():     # during prompt processing
             self.finish_reason = "cancelled"
             return
-        req, eog = self.req, self.target.vocab.eog
-        self.steps = decode(self.target, list(req.prompt), first_row=self.first_row,
+        run, eog = self.req, self.target.vocab.eog
+        req = run.request
+        self.steps = decode(self.target, list(run.prompt), first_row=self.first_row,
                             params=req.sampling,
                             rng=np.random.default_rng(req.sampling.seed),
                             max_new=req.max_tokens, drafter=self.drafter,
                             stats=self.stats.loop, should_stop=self.cancelled.is_set,
-                            constraint=req.grammar, logprobs=req.logprobs,
-                            verifier=req.speculation.verifier if req.speculation else "block")
+                            constraint=run.grammar, logprobs=req.logprobs,
+                            verifier=run.speculation.verifier if run.speculation else "block")
         for step in self.steps:
             if not self.stats.first_token_seconds:
                 self.stats.first_token_seconds = time.perf_counter() - self.t0
@@ -228,5 +229,5 @@ class _Run:
     def result(self) -> Generation:
         req = self.req
         out = Generation("".join(self.text), self.tokens, self.finish_reason, self.stats,
-                         logprobs=self.logprobs if req.logprobs is not None else None)
+                         logprobs=self.logprobs if req.request.logprobs is not None else None)
         return req.finish(out) if req.finish is not None else out

@@ -11,11 +11,10 @@ from typing import Any, Optional
 
 from ..backend import GrammarVocab
 from ..chat_template import ChatTemplate, validate_messages
-from ..config import SamplingParams
 from ..constraints import Constraint, GrammarState, special_tag_id, tokenizer_for
 from ..errors import ContextOverflowError, InvalidParameterError
 from ..lm import LoadedModel
-from .request import GenerationRequest, Prompt, Request, Speculation, check_limits
+from .request import GenerationRequest, Prepared, Prompt, Speculation
 from ..thinking import reads_thinking, separates, template_variables
 from ..tools import ToolPlan, plan_request
 
@@ -34,12 +33,11 @@ class Prompter:
                                      eos_token=special(target.vocab.eos))
         self._render = threading.Lock()
 
-    def request(self, req: GenerationRequest, sampling: SamplingParams, n_ctx: int,
-                speculation: Optional[Speculation]) -> tuple[Request, Any]:
-        """``req`` checked and made ready to run: its prompt in tokens (with the tools it may
-        call declared, and the grammar their calls follow), within ``n_ctx``; and, for a
-        thinking model, what separates its reasoning from its answer (None otherwise)."""
-        stop = check_limits(req.max_tokens, req.stop, req.logprobs)
+    def prepare(self, req: GenerationRequest, n_ctx: int,
+                speculation: Optional[Speculation]) -> tuple[Prepared, Any]:
+        """``req`` made ready to run: its prompt in tokens (with the tools it may call
+        declared, and the grammar their calls follow), within ``n_ctx``; and, for a thinking
+        model, what separates its reasoning from its answer (None otherwise)."""
         constraint = req.constraint
         mode = separates(self.template.thinking, req.think,
                          raw=isinstance(req.prompt, str) and (req.raw or req.suffix is not None))
@@ -54,9 +52,8 @@ class Prompter:
         thinking, constraint, finish = reads_thinking(
             mode, text, constraint, plan.finish if plan is not None else None,
             self.special_id)
-        run = Request(tokens, req.max_tokens, sampling, stop=stop,
-                      grammar=self.grammar(constraint), logprobs=req.logprobs, finish=finish,
-                      speculation=speculation)
+        run = Prepared(req, tokens, grammar=self.grammar(constraint), finish=finish,
+                       speculation=speculation)
         return run, thinking
 
     def plan(self, req: GenerationRequest) -> tuple[str, list[int], Optional[ToolPlan]]:

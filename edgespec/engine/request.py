@@ -1,16 +1,20 @@
-"""One generation's request, as asked for and as carried out, and the speculation decided
-once for it.
+"""One generation's request, and what the Engine prepares to carry it out.
 
-A :class:`GenerationRequest` is what a caller asks for (a prompt, limits, sampling, tools):
-every protocol in front of the Engine (the Python API's keyword arguments, the server's
-OpenAI and Ollama bodies) builds one and hands it to :meth:`edgespec.engine.engine.Engine.submit`,
-which checks it, tokenizes the prompt and builds a :class:`Request`;
-:func:`edgespec.engine.generation.run_generation` carries that out.
+A :class:`GenerationRequest` is what a caller asks for (a prompt, limits, sampling, tools),
+checked once, when it is made: every edge in front of the Engine (the Python API's keyword
+arguments, ``edgespec run``, the chat, the server's OpenAI, Ollama and Anthropic bodies) builds
+one and hands it to :meth:`Engine.submit <edgespec.engine.engine.Engine.submit>`. The same
+object travels to the loop: the Engine's prompter tokenizes its prompt into a
+:class:`Prepared` that holds it (the tokens, the grammar's state, the speculation), and
+:func:`edgespec.engine.generation.run_generation` reads its limits and sampling from it.
+The range of each parameter is checked in one place: :class:`~edgespec.config.SamplingParams`
+for sampling, :func:`check_max_tokens`, :func:`check_stop` and :func:`check_logprobs` for the
+rest (the server's parsers call these with their protocol's names and bounds).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union
 
 from .. import config
@@ -47,7 +51,7 @@ class GenerationRequest:
 
     prompt: Prompt
     max_tokens: int = config.MAX_TOKENS
-    sampling: Optional[SamplingParams] = None      # None: SamplingParams()
+    sampling: SamplingParams = field(default_factory=SamplingParams)
     speculative: bool = True
     raw: bool = False
     stop: Sequence[str] = ()
@@ -59,6 +63,31 @@ class GenerationRequest:
     think: Any = None
     index_key: Optional[str] = None
     suffix: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.sampling is None:
+            object.__setattr__(self, "sampling", SamplingParams())
+        elif not isinstance(self.sampling, SamplingParams):
+            raise InvalidParameterError("sampling", type(self.sampling).__name__,
+                                        "a SamplingParams")
+        check_max_tokens(self.max_tokens)
+        object.__setattr__(self, "stop", check_stop(self.stop))
+        check_logprobs(self.logprobs)
+
+    @classmethod
+    def of(cls, prompt: Prompt, **options) -> "GenerationRequest":
+        """A request from keyword arguments (:meth:`Engine.stream
+        <edgespec.engine.engine.Engine.stream>`'s); a name it does not have is an
+        :class:`~edgespec.errors.InvalidParameterError`."""
+        unknown = sorted(set(options) - _FIELDS)
+        if unknown:
+            raise InvalidParameterError(unknown[0], options[unknown[0]],
+                                        "left out: not a generation option (see "
+                                        "edgespec.GenerationRequest)")
+        return cls(prompt, **options)
+
+
+_FIELDS = {f.name for f in fields(GenerationRequest)} - {"prompt"}
 
 
 @dataclass(frozen=True)
@@ -79,19 +108,16 @@ class Speculation:
 
 
 @dataclass(frozen=True)
-class Request:
-    """What to generate: ``prompt`` (token ids), at most ``max_tokens``, sampled with
-    ``sampling``, stopped at any of ``stop``; ``grammar``: the output's constraint at its
-    start; ``logprobs``: each token's log probability and this many alternatives;
-    ``finish``: turns the result into its final form (tool calls read from the output);
-    ``speculation``: None for plain decoding."""
+class Prepared:
+    """A :class:`GenerationRequest` made ready to run: ``request`` itself (its limits, stops
+    and sampling are read from it, not copied), ``prompt`` (token ids, with the tools it may
+    call declared), ``grammar``: the output's constraint at its start; ``finish``: turns the
+    result into its final form (tool calls read from the output); ``speculation``: None for
+    plain decoding."""
 
+    request: GenerationRequest
     prompt: list
-    max_tokens: int
-    sampling: SamplingParams
-    stop: tuple = ()
     grammar: Optional["GrammarState"] = None
-    logprobs: Optional[int] = None
     finish: Optional[Callable[[Generation], Generation]] = None
     speculation: Optional[Speculation] = None
 
@@ -100,16 +126,33 @@ class Request:
         return self.speculation is not None
 
 
-def check_limits(max_tokens, stop, logprobs) -> tuple:
-    """The caller's ``max_tokens``, ``stop`` (a string or a list) and ``logprobs`` checked
-    (:class:`~edgespec.errors.InvalidParameterError` names the first bad one); the stop
-    strings as a tuple."""
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-        raise InvalidParameterError("max_tokens", max_tokens, "an integer >= 1")
-    stop = (stop,) if isinstance(stop, str) else tuple(stop)
-    if any(not isinstance(s, str) or not s for s in stop):
-        raise InvalidParameterError("stop", list(stop), "a list of non-empty strings")
-    if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool)
-                                 or not 0 <= logprobs <= 20):
-        raise InvalidParameterError("logprobs", logprobs, "None or an integer in [0, 20]")
-    return stop
+def check_max_tokens(value: Any, name: str = "max_tokens", most: Optional[int] = None) -> int:
+    """``value`` as the most tokens to generate: an integer >= 1 (at most ``most``)."""
+    if (not isinstance(value, int) or isinstance(value, bool) or value < 1
+            or (most is not None and value > most)):
+        raise InvalidParameterError(name, value, "an integer >= 1" if most is None else
+                                    f"an integer in [1, {most}] (the context size)")
+    return value
+
+
+def check_stop(value: Any, name: str = "stop", most: Optional[int] = None,
+               one_string: bool = True) -> tuple:
+    """``value`` as stop strings: a list of non-empty strings (at most ``most``), or, where
+    ``one_string``, one string; a tuple."""
+    stop = [value] if one_string and isinstance(value, str) else value
+    if (not isinstance(stop, (list, tuple)) or (most is not None and len(stop) > most)
+            or any(not isinstance(s, str) or not s for s in stop)):
+        many = "a list" if most is None else f"a list of at most {most}"
+        raise InvalidParameterError(name, list(value) if isinstance(value, tuple) else value,
+                                    ("a non-empty string or " if one_string else "")
+                                    + f"{many} non-empty strings")
+    return tuple(stop)
+
+
+def check_logprobs(value: Any) -> Optional[int]:
+    """``value`` as the number of alternatives to each token's log probability: None or an
+    integer in [0, 20]."""
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                              or not 0 <= value <= 20):
+        raise InvalidParameterError("logprobs", value, "None or an integer in [0, 20]")
+    return value

@@ -30,7 +30,7 @@ from .anthropic_request import parse_count, parse_messages
 from .body import read_json
 from .framing import Framing
 from .generation import GenerationPath, Timing
-from .wire import APIError, asked, fit_parallel
+from .wire import APIError, asked
 
 PING = sse_event("ping", {"type": "ping"})
 
@@ -93,11 +93,10 @@ class AnthropicRoutes:
         req = parse_messages(body, self.path.context_for(asked(body, "model"), None))
         async with contextlib.AsyncExitStack() as leases:
             lease = await self.path.lease(leases, req.model)
-            req = fit_parallel(req, lease.engine.template.writes_tool_call_tags)
             # message_start counts the prompt before the first token: tokenized once more
             # for a stream (milliseconds beside the generation)
             n = len(await self.path.prompt_tokens(lease, req)) if req.stream else 0
-            framing = AnthropicFraming(MessageReply(req.model, req.stop,
+            framing = AnthropicFraming(MessageReply(req.model, req.generation.stop,
                                                     lease.engine.target.token_bytes),
                                        req.holds_answer, n)
             return await self.path.respond(request, leases, lease, req, framing, timing)
@@ -109,6 +108,5 @@ class AnthropicRoutes:
         req = parse_count(body, self.path.context_for(asked(body, "model"), None))
         async with contextlib.AsyncExitStack() as leases:
             lease = await self.path.lease(leases, req.model)
-            req = fit_parallel(req, lease.engine.template.writes_tool_call_tags)
             return JSONResponse({"input_tokens": len(await self.path.prompt_tokens(lease,
                                                                                    req))})

@@ -29,10 +29,10 @@ from typing import Any, Optional
 from ..config import SamplingParams
 from ..constraints import Constraint
 from ..errors import ConstraintError
-from ..engine.request import GenerationRequest
+from ..engine.request import GenerationRequest, check_max_tokens, check_stop
 from ..tools import Tool, parse_tools
-from .wire import (APIError, APIRequest, check_size, checked, get_field, invalid,
-                   message_list, refuse_unknown, sampling_params, unsupported)
+from .wire import (APIError, APIRequest, check_size, checked, core_check, get_field, invalid,
+                   message_list, refuse_unknown, sampling_fields, sampling_params, unsupported)
 
 TEMPERATURE_MAX = 1.0          # Anthropic's range
 MAX_STOP_SEQUENCES = 64        # Anthropic states no bound; each one is checked at every token
@@ -226,23 +226,14 @@ def _tools(body: dict) -> tuple[Optional[list[Tool]], Optional[str], bool]:
 
 
 def _sampling(body: dict) -> SamplingParams:
-    values = {}
-    for name, kind in (("temperature", "number"), ("top_p", "number"), ("top_k", "int")):
-        value = get_field(body, name, kind)
-        if value is not None:
-            values[name] = value
-    return sampling_params(values, TEMPERATURE_MAX)
+    return sampling_params(sampling_fields(body, ("temperature", "top_p", "top_k")),
+                           TEMPERATURE_MAX)
 
 
 def _stop_sequences(body: dict) -> tuple:
     stop = body.get("stop_sequences")
-    if stop is None:
-        return ()
-    valid = f"a list of at most {MAX_STOP_SEQUENCES} non-empty strings"
-    if (not isinstance(stop, list) or len(stop) > MAX_STOP_SEQUENCES
-            or any(not isinstance(s, str) or not s for s in stop)):
-        raise invalid("stop_sequences", stop, valid)
-    return tuple(stop)
+    return () if stop is None else core_check(check_stop, stop, "stop_sequences",
+                                              most=MAX_STOP_SEQUENCES, one_string=False)
 
 
 def _max_tokens(body: dict) -> int:
@@ -250,10 +241,7 @@ def _max_tokens(body: dict) -> int:
     if value is None:
         raise APIError(400, "max_tokens is required: the most tokens the answer may have",
                        param="max_tokens", code="missing_required_parameter")
-    n = checked("max_tokens", value, "int")
-    if n < 1:
-        raise invalid("max_tokens", value, "an integer >= 1")
-    return n
+    return core_check(check_max_tokens, checked("max_tokens", value, "int"), "max_tokens")
 
 
 def _refuse_features(body: dict) -> None:

@@ -29,7 +29,7 @@ from .ollama_replies import (OllamaReply, ollama_error_body, ps_body, show_body,
                              version_body)
 from .ollama_request import OllamaRequest, parse_ollama_chat, parse_ollama_generate
 from .models_info import contexts, fills_middle, thinks
-from .wire import APIError, asked, fit_parallel
+from .wire import APIError, asked
 
 
 def ndjson(body: dict) -> bytes:
@@ -140,7 +140,7 @@ class OllamaRoutes:
             lease = await self.path.lease(leases, oreq.model, oreq.keep_alive, oreq.num_ctx)
             if oreq.load_only:
                 return JSONResponse(OllamaReply(kind, oreq.model).loaded())
-            req = fit_parallel(oreq.gen, lease.engine.template.writes_tool_call_tags)
+            req = oreq.gen
             reply = OllamaReply(kind, oreq.model, lease.engine.target.token_bytes,
                                 lease.engine.template if req.kind == "chat" else None)
             framing = OllamaFraming(reply, timing, lease.load_seconds)

@@ -13,11 +13,11 @@ out keep edgespec's defaults (llama.cpp's), not Ollama's.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
-from ..config import SamplingParams
-from ..errors import InvalidParameterError
-from .wire import checked, invalid, refuse_unknown, unsupported
+from ..config import TEMPERATURE_MAX, SamplingParams
+from ..engine.request import check_stop
+from .wire import checked, core_check, invalid, refuse_unknown, sampling_params, unsupported
 
 MAX_STOP_STRINGS = 16          # Ollama sets no bound; Modelfiles carry a handful
 
@@ -53,15 +53,6 @@ class Options:
     num_ctx: Optional[int]
 
 
-def _stop(value: Any) -> tuple:
-    stop = [value] if isinstance(value, str) else value
-    if (not isinstance(stop, list) or len(stop) > MAX_STOP_STRINGS
-            or any(not isinstance(s, str) or not s for s in stop)):
-        raise invalid("options.stop", value, f"a list of at most {MAX_STOP_STRINGS} non-empty "
-                      "strings")
-    return tuple(stop)
-
-
 def parse_options(body: dict, n_ctx: int) -> Options:
     """``body['options']`` checked (an APIError names the first bad one)."""
     options = body.get("options")
@@ -83,10 +74,7 @@ def parse_options(body: dict, n_ctx: int) -> Options:
         del sampling["seed"]
     elif seed is not None:
         sampling["seed"] = seed % 2 ** 64
-    try:
-        params = SamplingParams(**sampling)
-    except InvalidParameterError as e:
-        raise invalid(f"options.{e.name}", e.value, e.valid) from None
+    params = sampling_params(sampling, TEMPERATURE_MAX, where="options")
     if values.get("penalize_newline") is False and params.uses_penalty:
         raise unsupported("options.penalize_newline", "edgespec's penalties apply to newlines "
                           "as to any token: drop it, or the penalty")
@@ -97,6 +85,8 @@ def parse_options(body: dict, n_ctx: int) -> Options:
     num_ctx = values.get("num_ctx")
     if num_ctx is not None and num_ctx < 1:
         raise invalid("options.num_ctx", num_ctx, "an integer >= 1")
-    return Options(params, _stop(options["stop"]) if options.get("stop") is not None else (),
+    stop = options.get("stop")
+    return Options(params, () if stop is None else core_check(
+                       check_stop, stop, "options.stop", most=MAX_STOP_STRINGS),
                    # 0, -1 and -2 all run to the context's end, as in Ollama
                    min(predict, n_ctx) if predict > 0 else n_ctx, num_ctx)

@@ -26,10 +26,11 @@ from typing import Any, Optional
 from ..config import SamplingParams
 from ..constraints import Constraint
 from ..errors import ConstraintError, InvalidParameterError
-from ..engine.request import GenerationRequest
+from ..engine.request import GenerationRequest, check_max_tokens, check_stop
 from ..tools import Tool, parse_choice, parse_tools
-from .wire import (APIError, APIRequest, check_size, invalid, is_int, is_number, message_list,
-                   num_ctx, refuse_unknown, sampling_params, unsupported)
+from .wire import (APIError, APIRequest, check_size, checked, core_check, invalid, is_int,
+                   message_list, num_ctx, refuse_unknown, sampling_fields,
+                   sampling_params, unsupported)
 
 TEMPERATURE_MAX = 2.0          # OpenAI's range; the engine itself allows more
 MAX_STOP_STRINGS = 4
@@ -139,13 +140,7 @@ def _logprobs(body: dict, kind: str) -> Optional[int]:
 
 
 def _sampling(body: dict) -> SamplingParams:
-    values = {name: body[name] for name in _SAMPLING if body.get(name) is not None}
-    for name, value in values.items():
-        if name in ("top_k", "seed"):
-            if not is_int(value):
-                raise invalid(name, value, "an integer", code="invalid_type")
-        elif not is_number(value):
-            raise invalid(name, value, "a number", code="invalid_type")
+    values = sampling_fields(body, _SAMPLING)
     if "seed" in values:
         values["seed"] %= 2 ** 64       # OpenAI takes any 64-bit integer, negative ones too
     return sampling_params(values, TEMPERATURE_MAX)
@@ -153,15 +148,7 @@ def _sampling(body: dict) -> SamplingParams:
 
 def _stop(body: dict) -> tuple:
     stop = body.get("stop")
-    if stop is None:
-        return ()
-    if isinstance(stop, str):
-        stop = [stop]
-    valid = f"a non-empty string or a list of at most {MAX_STOP_STRINGS} non-empty strings"
-    if (not isinstance(stop, list) or len(stop) > MAX_STOP_STRINGS
-            or any(not isinstance(s, str) or not s for s in stop)):
-        raise invalid("stop", body.get("stop"), valid)
-    return tuple(stop)
+    return () if stop is None else core_check(check_stop, stop, "stop", most=MAX_STOP_STRINGS)
 
 
 def _max_tokens(body: dict, n_ctx: int, default: int) -> int:
@@ -170,11 +157,7 @@ def _max_tokens(body: dict, n_ctx: int, default: int) -> int:
     value = body.get(name)
     if value is None:
         return default
-    if not is_int(value):
-        raise invalid(name, value, "an integer", code="invalid_type")
-    if not 1 <= value <= n_ctx:
-        raise invalid(name, value, f"an integer in [1, {n_ctx}] (the context size)")
-    return value
+    return core_check(check_max_tokens, checked(name, value, "int"), name, most=n_ctx)
 
 
 def _streaming(body: dict) -> tuple[bool, bool]:

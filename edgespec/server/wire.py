@@ -10,10 +10,9 @@ Messages reuse the engine's wording (:class:`~edgespec.errors.InvalidParameterEr
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from ..config import SamplingParams
 from ..errors import InvalidParameterError
@@ -57,46 +56,44 @@ class APIRequest:
     include_usage: bool = False
     num_ctx: Optional[int] = None
 
-    # The generation's fields, read through this object
-    prompt = property(lambda self: self.generation.prompt)
-    max_tokens = property(lambda self: self.generation.max_tokens)
-    sampling = property(lambda self: self.generation.sampling)
-    speculative = property(lambda self: self.generation.speculative)
-    raw = property(lambda self: self.generation.raw)
-    stop = property(lambda self: self.generation.stop)
-    constraint = property(lambda self: self.generation.constraint)
-    tools = property(lambda self: self.generation.tools)
-    tool_choice = property(lambda self: self.generation.tool_choice)
-    parallel_tool_calls = property(lambda self: self.generation.parallel_tool_calls)
-    logprobs = property(lambda self: self.generation.logprobs)
-
     @property
     def holds_answer(self) -> bool:
         """Whether a stream sends the answer once it is complete: a request that may call
         tools (the raw output is the call's JSON; what it means is known only at its end)."""
-        return bool(self.tools) and self.tool_choice != "none"
+        return bool(self.generation.tools) and self.generation.tool_choice != "none"
 
 
-def fit_parallel(req: APIRequest, native_template: bool) -> APIRequest:
-    """``req`` allowing several tool calls in one answer only where the model's template
-    writes call tags (``native_template``): in the generic JSON format small models repeat
-    one call until the budget ends (docs/decisions.md)."""
-    if not req.parallel_tool_calls or native_template:
-        return req
-    return dataclasses.replace(req, generation=dataclasses.replace(req.generation,
-                                                                   parallel_tool_calls=False))
+# What each sampling field is, in every API that has it.
+SAMPLING_KINDS = {"temperature": "number", "top_k": "int", "top_p": "number", "min_p": "number",
+                  "repeat_penalty": "number", "repeat_last_n": "int",
+                  "presence_penalty": "number", "frequency_penalty": "number", "seed": "int"}
 
 
-def sampling_params(values: dict, temperature_max: float) -> SamplingParams:
+def sampling_fields(source: dict, names: Iterable[str], where: str = "") -> dict:
+    """The sampling fields ``names`` that ``source`` gives (not null), each checked as its
+    kind (:data:`SAMPLING_KINDS`); ``where``: the path of ``source`` in the request."""
+    return {name: get_field(source, name, SAMPLING_KINDS[name], where=where) for name in names
+            if source.get(name) is not None}
+
+
+def sampling_params(values: dict, temperature_max: float, where: str = "") -> SamplingParams:
     """``values`` (checked JSON numbers) as SamplingParams, the temperature within the API's
-    range [0, ``temperature_max``]; a bad value is a 400 naming it."""
-    t = values.get("temperature")
-    if t is not None and not 0 <= t <= temperature_max:
-        raise invalid("temperature", t, f"a number in [0, {temperature_max:g}] (0 = greedy)")
+    range [0, ``temperature_max``]: SamplingParams' own check, the only one; a bad value is
+    a 400 naming it (``where``: the path of the fields in the request)."""
     try:
-        return SamplingParams(**values)
+        return SamplingParams(**values, temperature_max=temperature_max)
     except InvalidParameterError as e:
-        raise APIError(400, str(e), param=e.name, code="invalid_value") from None
+        name = f"{where}.{e.name}" if where else e.name
+        raise invalid(name, e.value, e.valid) from None
+
+
+def core_check(check: Callable[..., Any], value: Any, name: str, **bounds) -> Any:
+    """``check(value, name, **bounds)`` (one of :mod:`edgespec.engine.request`'s checks, the
+    only ones of their parameters), its refusal a 400 naming ``name``."""
+    try:
+        return check(value, name, **bounds)
+    except InvalidParameterError as e:
+        raise invalid(name, e.value, e.valid) from None
 
 
 def invalid(name: str, value: Any, valid: str, code: str = "invalid_value") -> APIError:
