@@ -19,7 +19,7 @@ from .model_commands import build_models_parsers
 from .server.command import build_serve_parser
 from .shell import (DRAFT_COLOR, EXIT_USER_ERROR, RESET, LogLines, Parser,
                     add_constraint_args, add_model_args, add_sampling_args, constraint_from_args,
-                    error_boundary, load_engine, sampling_from_args, status)
+                    error_boundary, load_engine, max_tokens_option, sampling_from_args, status)
 from .tui.command import build_chat_parser
 from .worker import build_worker_parser
 
@@ -69,9 +69,9 @@ def build_run_parser(sub) -> None:
     p = sub.add_parser("run", help="generate a completion for one prompt")
     p.add_argument("prompt", help="the prompt: a user message, or sent as-is with --raw or "
                                   "when the model has no chat template (a base model)")
-    p.add_argument("--max-tokens", "-n", type=int, default=config.MAX_TOKENS, metavar="N",
+    p.add_argument("--max-tokens", "-n", type=max_tokens_option(), default=config.MAX_TOKENS,
+                   metavar="N",
                    help=f"most tokens to generate (default {config.MAX_TOKENS})")
-    p.add_argument("--no-spec", action="store_true", help="plain target-only decoding")
     p.add_argument("--raw", action="store_true", help="send the prompt as-is, no chat template")
     p.add_argument("--system", help="a system prompt (chat mode)")
     p.add_argument("--stop", action="append", metavar="TEXT", help="stop string (repeatable)")

@@ -18,7 +18,8 @@ from typing import Callable, Iterator, Optional
 
 from . import config
 from .config import DRAFTERS, DrafterKind, SamplingParams, SpecConfig
-from .errors import EdgespecError
+from .engine.request import check_max_tokens
+from .errors import EdgespecError, InvalidParameterError
 
 EXIT_USER_ERROR = 1
 EXIT_INTERRUPTED = 130
@@ -142,23 +143,29 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "long n-gram matches from the context, else the draft model), model "
                         "(the draft model only), ngram (prompt lookup, no draft model "
                         "needed), none (plain decoding)")
-    g.add_argument("--draft-max", type=int, metavar="K",
+    g.add_argument("--draft-max", type=int_option("--draft-max", 0, SpecConfig.K_LIMIT),
+                   metavar="K",
                    help="pin the draft length to K tokens per round (default: chosen each "
                         f"round by a cost model, 0 to {k_max})")
     g.add_argument("--no-adaptive", action="store_true",
                    help=f"pin the draft length to {fixed} instead of the cost model")
-    g.add_argument("--draft-p-min", type=float, default=SpecConfig.p_min, metavar="P",
+    g.add_argument("--draft-p-min", type=fraction_option("--draft-p-min"),
+                   default=SpecConfig.p_min, metavar="P",
                    help="with a pinned length: stop drafting when the draft's top probability "
                         f"is below P (default {SpecConfig.p_min:g})")
     g.add_argument("--no-suffix-index", action="store_true",
                    help="draft n-grams from the context only, not also from earlier "
                         "requests' prompts and answers")
-    g.add_argument("--ctx-size", "-c", type=int, default=config.N_CTX, metavar="N",
+    g.add_argument("--ctx-size", "-c", type=int_option("--ctx-size", 16, 1 << 24),
+                   default=config.N_CTX, metavar="N",
                    help=f"context size in tokens (default {config.N_CTX})")
-    g.add_argument("--threads", "-t", type=int, metavar="N", help="CPU threads for llama.cpp")
-    g.add_argument("--n-gpu-layers", "-ngl", type=int, default=-1, metavar="N",
+    g.add_argument("--threads", "-t", type=int_option("--threads", 1, 1024), metavar="N",
+                   help="CPU threads for llama.cpp")
+    g.add_argument("--n-gpu-layers", "-ngl", type=int_option("--n-gpu-layers", -1),
+                   default=-1, metavar="N",
                    help="target layers to offload to the GPU (-1 = all, 0 = none)")
-    g.add_argument("--draft-n-gpu-layers", type=int, default=-1, metavar="N",
+    g.add_argument("--draft-n-gpu-layers", type=int_option("--draft-n-gpu-layers", -1),
+                   default=-1, metavar="N",
                    help="draft layers to offload to the GPU (-1 = all)")
     g.add_argument("--rpc", metavar="HOST:PORT[,…]",
                    help="put the target's layers on these `edgespec worker` processes (other "
@@ -174,6 +181,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--flash-attn", choices=config.FLASH_ATTN, default="auto",
                    help="llama.cpp's flash attention (its -fa): auto (default) is llama.cpp's "
                         "choice; on or off decide")
+    g.add_argument("--no-spec", action="store_true", help="plain target-only decoding")
     g.add_argument("--verbose", action="store_true", help="show llama.cpp's own log")
 
 
@@ -193,32 +201,48 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, help="random seed (default: random)")
 
 
-def check_args(args) -> None:
-    """Refuse out-of-range numeric options (one line), before any model is fetched or
-    loaded; ``args`` may lack any of them (each command has its own set)."""
-    def bad(option: str, value, valid: str) -> None:
-        raise UsageError(f"{option} {value} is invalid: it must be {valid}")
+def int_option(option: str, low: int, high: Optional[int] = None) -> Callable[[str], int]:
+    """An argparse ``type``: an integer in [``low``, ``high``] (a bad one is a one-line error
+    naming ``option``, before any model is fetched or loaded)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{option} {text} is invalid: it must be an "
+                                             "integer") from None
+        if value < low or high is not None and value > high:
+            raise argparse.ArgumentTypeError(
+                f"{option} {value} is invalid: it must be "
+                + (f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"))
+        return value
+    return parse
 
-    def within(option: str, name: str, low: int, high: Optional[int] = None) -> None:
-        value = getattr(args, name, None)
-        if value is not None and (value < low or high is not None and value > high):
-            bad(option, value, f"an integer >= {low}" if high is None else
-                f"an integer in [{low}, {high}]")
 
-    within("--max-tokens", "max_tokens", 1)
-    within("--ctx-size", "ctx_size", 16, 1 << 24)
-    within("--threads", "threads", 1, 1024)
-    within("--n-gpu-layers", "n_gpu_layers", -1)
-    within("--draft-n-gpu-layers", "draft_n_gpu_layers", -1)
-    within("--draft-max", "draft_max", 0, SpecConfig.K_LIMIT)
-    within("--repeats", "repeats", 1)
-    p = getattr(args, "draft_p_min", None)
-    if p is not None and not 0.0 <= p <= 1.0:
-        bad("--draft-p-min", p, "a number in [0, 1]")
-    if hasattr(args, "top_k"):
-        sampling_from_args(args)
-    elif hasattr(args, "temperature"):          # (the bench: temperature and seed only)
-        SamplingParams(temperature=args.temperature, seed=getattr(args, "seed", None))
+def max_tokens_option(option: str = "--max-tokens") -> Callable[[str], int]:
+    """An argparse ``type`` for a generation's token budget: the core's check
+    (:func:`edgespec.engine.request.check_max_tokens`, its only one), said the shells' way."""
+    def parse(text: str) -> int:
+        try:
+            return check_max_tokens(int(text), option)
+        except (ValueError, InvalidParameterError) as e:
+            valid = e.valid if isinstance(e, InvalidParameterError) else "an integer"
+            raise argparse.ArgumentTypeError(f"{option} {text} is invalid: it must be {valid}") \
+                from None
+    return parse
+
+
+def fraction_option(option: str) -> Callable[[str], float]:
+    """An argparse ``type``: a number in [0, 1]."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if not 0.0 <= value <= 1.0:
+            raise argparse.ArgumentTypeError(f"{option} {text} is invalid: it must be a "
+                                             "number in [0, 1]")
+        return value
+    return parse
 
 
 def sampling_from_args(args) -> SamplingParams:
@@ -264,9 +288,8 @@ def model_label(args) -> str:
 def load_engine(args, say: Callable[[str], None] = status, **overrides):
     """The Engine the options describe (``overrides``: Engine.load arguments to force)."""
     from .engine.engine import Engine
-    check_args(args)
     target, draft = resolve_models(args, say)
-    drafter = DrafterKind.NONE if getattr(args, "no_spec", False) else args.drafter
+    drafter = DrafterKind.NONE if args.no_spec else args.drafter
     progress = Progress() if say is status else say
     plain = drafter is not None and not DrafterKind(drafter).drafts
     kw = dict(target=target, draft=None if plain else draft, drafter=drafter,
@@ -274,10 +297,9 @@ def load_engine(args, say: Callable[[str], None] = status, **overrides):
               draft_n_gpu_layers=args.draft_n_gpu_layers, draft_max=args.draft_max,
               adaptive=not args.no_adaptive, p_min=args.draft_p_min, verbose=args.verbose,
               recalibrate=args.recalibrate, progress=progress,
-              rpc=getattr(args, "rpc", None), draft_rpc=getattr(args, "draft_rpc", None),
-              cpu_extra_buffers=getattr(args, "cpu_extra_buffers", "auto"),
-              flash_attn=getattr(args, "flash_attn", "auto"),
-              suffix=not getattr(args, "no_suffix_index", False))
+              rpc=args.rpc, draft_rpc=args.draft_rpc,
+              cpu_extra_buffers=args.cpu_extra_buffers, flash_attn=args.flash_attn,
+              suffix=not args.no_suffix_index)
     try:
         return Engine.load(**{**kw, **overrides})
     finally:

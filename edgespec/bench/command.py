@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 from ..config import SamplingParams, SpecConfig
-from ..shell import Progress, UsageError, add_model_args, load_engine, status
+from ..shell import (Progress, UsageError, add_model_args, int_option, load_engine,
+                     max_tokens_option, status)
 from ..constraints import Constraint
 from .prompts import EXTRACT_SCHEMA, PROMPT_SETS
 from .report import format_report, plot, require_pyplot
@@ -172,11 +173,11 @@ def build_bench_parser(sub) -> None:
                         "caches")
     p.add_argument("--tasks", metavar="T[,T…]",
                    help="with --prompts tasks: only these tasks (default: all seven)")
-    p.add_argument("--max-tokens", "-n", type=int, default=None,
+    p.add_argument("--max-tokens", "-n", type=max_tokens_option(), default=None,
                    help="tokens per answer (default 128; 64 with --prompts tasks, where "
                         "code_edit's answers, the whole file back, have budgets of their own, "
                         "capped by -n only when it is given)")
-    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--repeats", type=int_option("--repeats", 1), default=1)
     p.add_argument("--ks", help="pinned draft lengths to compare (default 2,4,8,16; 2,4,8 with "
                                "--prompts tasks)")
     p.add_argument("--temperature", type=float, default=0.0)

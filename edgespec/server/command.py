@@ -229,7 +229,7 @@ def first_context(args, name: str, budget: dict) -> tuple[int, str]:
     if args.ctx_size is not None:
         return args.ctx_size, "--ctx-size"
     target, draft = resolve_models(args)
-    if getattr(args, "no_spec", False) or args.drafter in ("none", "ngram"):
+    if args.no_spec or args.drafter in ("none", "ngram"):
         draft = None
     entry = entry_for(name, Path(target), Path(draft) if draft else None)
     return auto_context(entry, Budget(budget["max_loaded"], budget["max_ram"],

@@ -14,7 +14,7 @@ from typing import Iterable, Optional
 
 from .. import paths
 from ..config import CHAT_MAX_TOKENS
-from ..errors import InvalidParameterError
+from ..engine.request import check_max_tokens
 from ..shell import (add_model_args, add_sampling_args, chat_format_note, load_engine,
                      model_label, sampling_from_args, status)
 
@@ -70,8 +70,7 @@ def cmd_chat(args) -> int:
     from .slash import Repl
 
     sampling = sampling_from_args(args)   # bad values fail before the models load
-    if args.max_tokens < 1:
-        raise InvalidParameterError("max_tokens", args.max_tokens, "an integer >= 1")
+    check_max_tokens(args.max_tokens)     # the core's check and message, before loading
     terminal = sys.stdin.isatty() and sys.stdout.isatty()
     label = model_label(args)
     with load_engine(args) as engine:

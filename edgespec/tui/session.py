@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from ..config import CHAT_MAX_TOKENS, SamplingParams
 from ..conversation import Conversation
+from ..engine.request import check_max_tokens
 from ..errors import EdgespecError, InvalidParameterError
 from ..thinking import Shown
 
@@ -168,11 +169,7 @@ class ChatSession:
                 raise InvalidParameterError(name, seed, "an integer >= 0, or random")
             self.sampling = self.sampling.replace(seed=seed)
         elif name == "max_tokens":
-            n = _number(value)
-            if not isinstance(n, int) or not 1 <= n <= self.engine.n_ctx:
-                raise InvalidParameterError(name, n, f"an integer in [1, {self.engine.n_ctx}] "
-                                                     "(the context size)")
-            self.max_tokens = n
+            self.max_tokens = check_max_tokens(_number(value), most=self.engine.n_ctx)
         elif name == "draft_max":
             if not self.can_speculate:
                 raise ChatError("draft_max has no effect: no draft model is loaded (start with "
