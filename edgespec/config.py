@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import InitVar, dataclass, field, replace
+from dataclasses import InitVar, dataclass, field, fields, replace
 from enum import Enum
 from pathlib import Path
 
@@ -258,3 +258,19 @@ class ModelConfig:
                                         "'auto', 'on' or 'off'")
         if self.flash_attn not in FLASH_ATTN:
             raise InvalidParameterError("flash_attn", self.flash_attn, "'auto', 'on' or 'off'")
+
+
+# Engine.load's settings, by the config they belong to (the configs hold their defaults).
+_MODEL_SETTINGS = {f.name for f in fields(ModelConfig)} - {"path", "n_outputs_max", "n_seq"}
+_SPEC_SETTINGS = {f.name for f in fields(SpecConfig)}
+
+
+def split_settings(settings: dict) -> tuple[dict, dict]:
+    """Settings by name as (ModelConfig's, SpecConfig's); a name of neither is refused."""
+    for name in settings:
+        if name not in _MODEL_SETTINGS and name not in _SPEC_SETTINGS:
+            raise InvalidParameterError(name, settings[name], "left out: not a setting of "
+                                        "Engine.load (see edgespec.config.ModelConfig and "
+                                        "SpecConfig)")
+    return ({k: v for k, v in settings.items() if k in _MODEL_SETTINGS},
+            {k: v for k, v in settings.items() if k in _SPEC_SETTINGS})

@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 from .. import config
 from ..backend import (VocabMap, backend_info, check_pair, open_pair, placement, same_network,
                       release_free_heap, rpc_endpoints)
-from ..config import ModelConfig, SpecConfig, default_threads
+from ..config import ModelConfig, SpecConfig, split_settings
 from ..drafting import HEAD_MIN_VOCAB, ReducedHead
 from .drafting import EngineDrafting
 from ..embedding import Embedder, Embeddings, Inputs
@@ -99,42 +99,32 @@ class Engine:
 
     @classmethod
     def load(cls, target: Union[str, Path, None] = None, draft: Union[str, Path, None] = None,
-             *, pair: Optional[str] = None, n_ctx: int = config.N_CTX,
-             n_batch: int = config.N_BATCH, n_threads: Optional[int] = None,
-             n_gpu_layers: int = -1, draft_n_gpu_layers: int = -1,
-             drafter: Optional[str] = None, draft_max: Optional[int] = None,
-             adaptive: bool = True, p_min: float = 0.0, verifier: str = config.VERIFIER,
-             suffix: bool = True, verbose: bool = False, recalibrate: bool = False,
-             rpc=None, draft_rpc=None,
-             cpu_extra_buffers: str = "auto", flash_attn: str = "auto",
-             cache_ram: int = config.CACHE_RAM_MIB,
-             parallel: int = 1, progress: Callable[[str], None] = lambda s: None) -> "Engine":
+             *, pair: Optional[str] = None, draft_n_gpu_layers: Optional[int] = None,
+             draft_rpc=None, parallel: int = 1, cache_ram: int = config.CACHE_RAM_MIB,
+             recalibrate: bool = False, progress: Callable[[str], None] = lambda s: None,
+             **settings) -> "Engine":
         """Load a target GGUF and optionally a draft GGUF (or a registry ``pair`` name).
 
-        ``drafter`` is ``"hybrid"`` (the default when a draft is given: n-gram matches from
-        the context, else the draft model), ``"model"`` (the draft model only), ``"ngram"``
-        (prompt lookup, no draft model needed) or ``"none"`` (plain decoding).
-        ``draft_max=None`` lets a cost model choose each round's draft length
-        (``adaptive=False`` pins it to 16; ``draft_max=K`` pins it to K; ``p_min`` then cuts
-        drafts whose top probability is below it). ``verifier``: how unseeded sampling accepts
-        drafts, ``"block"`` (block verification, the default) or ``"token"`` (token-wise
-        rejection sampling); both are lossless. ``suffix``: n-gram drafts also come from
-        earlier requests' prompts and answers (:mod:`edgespec.drafting.suffix`). The cost
-        model's calibration is measured once per model file and setting and kept;
-        ``recalibrate=True`` measures it again; ``progress`` is told what loading is doing
-        (a line at a time). Raises
-        :class:`~edgespec.errors.ModelLoadError` for files that cannot be loaded and
-        :class:`~edgespec.errors.IncompatiblePairError` when the draft's tokenizer differs.
-        ``rpc``: ``"HOST:PORT,…"`` (or a list) of ``edgespec worker`` processes that hold the
-        target's layers; the draft stays local unless ``draft_rpc`` names workers for it
-        (:class:`~edgespec.errors.RPCError` when one cannot be reached).
-        ``cpu_extra_buffers``: ``"auto"`` lets llama.cpp's extra CPU kernels (AMX, repacked
-        weights) run only where a child process showed that they do not crash this CPU
-        (checked once per CPU and llama.cpp build); ``"on"``/``"off"`` decide without a check.
-        ``flash_attn``: llama.cpp's flash attention, ``"auto"`` (llama.cpp's choice), ``"on"``
-        or ``"off"``.
-        ``parallel``: how many generations run at once (each with ``n_ctx`` tokens of KV cache
-        of its own in each model, batched together); more wait for a free lane.
+        ``settings`` are the fields of the two configs, by name, their defaults theirs:
+        :class:`~edgespec.config.ModelConfig`'s for both models (``n_ctx``, ``n_batch``,
+        ``n_threads``: None or left out follows the machine's load; ``n_gpu_layers``,
+        ``verbose``, ``cpu_extra_buffers``, ``flash_attn``; ``rpc``: ``"HOST:PORT,…"`` of
+        ``edgespec worker`` processes holding the target's layers) and
+        :class:`~edgespec.config.SpecConfig`'s for drafting (``drafter``: hybrid when a draft
+        is given, else ngram; ``draft_max``, ``adaptive``, ``p_min``, ``verifier``,
+        ``suffix``, ``k_max``); any other name is an
+        :class:`~edgespec.errors.InvalidParameterError`. The draft's own: its
+        ``draft_n_gpu_layers`` (default: ModelConfig's) and ``draft_rpc`` workers (it stays
+        local without them). ``parallel``: how many generations run at once (each with
+        ``n_ctx`` tokens of KV cache of its own in each model, batched together); more wait
+        for a free lane. ``cache_ram``: MiB for conversations' caches kept aside
+        (:mod:`edgespec.prompt_cache`). The cost model's calibration is measured once per
+        model file and setting and kept; ``recalibrate=True`` measures it again;
+        ``progress`` is told what loading is doing (a line at a time). Raises
+        :class:`~edgespec.errors.ModelLoadError` for files that cannot be loaded,
+        :class:`~edgespec.errors.IncompatiblePairError` when the draft cannot be mapped to
+        the target's vocabulary, :class:`~edgespec.errors.RPCError` when a worker cannot be
+        reached.
         """
         if pair is not None:
             if target is not None or draft is not None:
@@ -143,29 +133,33 @@ class Engine:
             target, draft = resolve_pair(pair)
         if target is None:
             raise InvalidParameterError("target", None, "a path to a GGUF file (or pair=NAME)")
-        if drafter is None:
-            drafter = SpecConfig.default_drafter(draft is not None)
-        spec = SpecConfig(drafter=drafter, draft_max=draft_max, adaptive=adaptive, p_min=p_min,
-                          verifier=verifier, suffix=suffix)
+        model, spec_settings = split_settings(settings)
+        if spec_settings.get("drafter") is None:
+            spec_settings["drafter"] = SpecConfig.default_drafter(draft is not None)
+        spec = SpecConfig(**spec_settings)
         if spec.uses_draft_model and draft is None:
-            raise InvalidParameterError("drafter", drafter, "'ngram' or 'none' when no draft "
-                                        "model is given (or pass draft=PATH)")
-        rpc, draft_rpc = rpc_endpoints(rpc, draft_rpc)
+            raise InvalidParameterError("drafter", spec.drafter, "'ngram' or 'none' when no "
+                                        "draft model is given (or pass draft=PATH)")
+        rpc, draft_rpc = rpc_endpoints(model.pop("rpc", None), draft_rpc)
         if parallel != 1 and (rpc or draft_rpc):
             raise InvalidParameterError("parallel", parallel, "1 with RPC workers (a model on "
                                         "workers serves one generation at a time)")
-        common = dict(n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads or default_threads(),
-                      verbose=verbose, cpu_extra_buffers=cpu_extra_buffers, flash_attn=flash_attn,
-                      n_seq=parallel)
-        t_cfg = ModelConfig(target, n_gpu_layers=n_gpu_layers, rpc=rpc, **common,
+        adaptive_threads = model.get("n_threads") is None
+        if adaptive_threads:
+            model.pop("n_threads", None)
+        target_gpu = {"n_gpu_layers": model.pop("n_gpu_layers")} if "n_gpu_layers" in model \
+            else {}
+        draft_gpu = {"n_gpu_layers": draft_n_gpu_layers} if draft_n_gpu_layers is not None \
+            else {}
+        t_cfg = ModelConfig(target, rpc=rpc, n_seq=parallel, **target_gpu, **model,
                             n_outputs_max=max(config.N_OUTPUTS_MIN, spec.most_drafts + 1))
-        d_cfg = (ModelConfig(draft, n_gpu_layers=draft_n_gpu_layers, rpc=draft_rpc,
-                             n_outputs_max=1, **common)
+        d_cfg = (ModelConfig(draft, rpc=draft_rpc, n_seq=parallel, n_outputs_max=1,
+                             **draft_gpu, **model)
                  if draft is not None and spec.uses_draft_model else None)
         t_model, d_model, vmap = open_pair(t_cfg, d_cfg, draft_tap_min_vocab=HEAD_MIN_VOCAB,
                                            progress=progress)
         try:
-            return cls(t_model, d_model, spec, adaptive_threads=n_threads is None,
+            return cls(t_model, d_model, spec, adaptive_threads=adaptive_threads,
                        recalibrate=recalibrate, cache_ram=cache_ram, vocab_map=vmap,
                        parallel=parallel, progress=progress)
         except BaseException:
@@ -392,4 +386,3 @@ def _close_open_engines() -> None:
             engine.close()
         except Exception:   # pragma: no cover - best effort at exit
             log.exception("closing an Engine at exit failed")
-
