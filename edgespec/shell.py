@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import Callable, Iterator, Optional
 
 from . import config
-from .config import DRAFTERS, DrafterKind, SamplingParams, SpecConfig
+from .config import DRAFTERS, DrafterKind, ModelConfig, SamplingParams, SpecConfig
 from .engine.request import check_max_tokens
 from .errors import EdgespecError, InvalidParameterError
 
@@ -157,15 +157,15 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="draft n-grams from the context only, not also from earlier "
                         "requests' prompts and answers")
     g.add_argument("--ctx-size", "-c", type=int_option("--ctx-size", 16, 1 << 24),
-                   default=config.N_CTX, metavar="N",
+                   default=ModelConfig.n_ctx, metavar="N",
                    help=f"context size in tokens (default {config.N_CTX})")
     g.add_argument("--threads", "-t", type=int_option("--threads", 1, 1024), metavar="N",
                    help="CPU threads for llama.cpp")
     g.add_argument("--n-gpu-layers", "-ngl", type=int_option("--n-gpu-layers", -1),
-                   default=-1, metavar="N",
+                   default=ModelConfig.n_gpu_layers, metavar="N",
                    help="target layers to offload to the GPU (-1 = all, 0 = none)")
     g.add_argument("--draft-n-gpu-layers", type=int_option("--draft-n-gpu-layers", -1),
-                   default=-1, metavar="N",
+                   default=ModelConfig.n_gpu_layers, metavar="N",
                    help="draft layers to offload to the GPU (-1 = all)")
     g.add_argument("--rpc", metavar="HOST:PORT[,…]",
                    help="put the target's layers on these `edgespec worker` processes (other "
@@ -174,11 +174,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="put the draft's layers on these workers too (not the target's)")
     g.add_argument("--recalibrate", action="store_true",
                    help="measure the models' speed again instead of using the kept figures")
-    g.add_argument("--cpu-extra-buffers", choices=config.CPU_EXTRA_BUFFERS, default="auto",
+    g.add_argument("--cpu-extra-buffers", choices=config.CPU_EXTRA_BUFFERS,
+                   default=ModelConfig.cpu_extra_buffers,
                    help="llama.cpp's extra CPU kernels for quantised weights (AMX, repacked "
                         "weights): auto (default) checks once, in a child process, that they "
                         "do not crash on this CPU; on or off decide without a check")
-    g.add_argument("--flash-attn", choices=config.FLASH_ATTN, default="auto",
+    g.add_argument("--flash-attn", choices=config.FLASH_ATTN, default=ModelConfig.flash_attn,
                    help="llama.cpp's flash attention (its -fa): auto (default) is llama.cpp's "
                         "choice; on or off decide")
     g.add_argument("--no-spec", action="store_true", help="plain target-only decoding")
