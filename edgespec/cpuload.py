@@ -5,7 +5,7 @@ On Linux the kernel's ``/proc/stat`` counts every core's busy time (including ti
 hypervisor gave to other guests: ``steal``); ``os.times()`` counts this process's (all its
 threads). Their difference over the last fraction of a second is the other processes' load,
 in cores. The thread governors (threads.py) use it to tell a stall caused by another process
-from a slow step on an idle machine, and calibration (drafting/costs.py) to tell whether a
+from a slow step on an idle machine, and calibration (drafting/calibration.py) to tell whether a
 measurement was taken on a busy machine. Elsewhere (macOS, Windows) the meter says ``None``
 and both fall back to step times alone.
 

@@ -64,7 +64,7 @@ def hub_stamps_dir() -> Path:
 
 
 def calibration_file() -> Path:
-    """Measured model costs, per model file and settings (see ``drafting/costs.py``)."""
+    """Measured model costs, per model file and settings (see ``drafting/cost_cache.py``)."""
     return cache_dir() / "calibration.json"
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from edgespec.backend import LlamaModel
 from edgespec.config import ModelConfig
-from edgespec.drafting import calibrate, calibrate_cached, costs as costs_module
+from edgespec.drafting import calibrate, calibrate_cached, calibration, cost_cache
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +37,9 @@ def test_calibration_measures_and_restores_the_cache(q4):
 def quiet(monkeypatch):
     """Whatever this machine is doing, count every calibration as quiet (these tests are
     about the cache, not about telling a busy machine)."""
-    monkeypatch.setattr(costs_module, "QUIET", 1e9)
-    monkeypatch.setattr(costs_module, "STEADY", 1e9)
-    monkeypatch.setattr(costs_module, "CALIBRATION_BUDGET", 1e9)
+    monkeypatch.setattr(calibration, "QUIET", 1e9)
+    monkeypatch.setattr(calibration, "STEADY", 1e9)
+    monkeypatch.setattr(calibration, "CALIBRATION_BUDGET", 1e9)
 
 
 def test_cache_is_reused_and_drops_entries_for_files_that_are_gone(q4, tmp_path, monkeypatch,
@@ -77,15 +77,15 @@ def test_cache_is_reused_and_drops_entries_for_files_that_are_gone(q4, tmp_path,
     cache.write_text(json.dumps(saved))
     assert calibrate_cached(q4, None).pass_seconds(1) == 123.0
     # ... until the entry is older than CACHE_DAYS: then it is measured again.
-    entry["saved"] = time.time() - (costs_module.CACHE_DAYS + 1) * 86400
+    entry["saved"] = time.time() - (cost_cache.CACHE_DAYS + 1) * 86400
     cache.write_text(json.dumps(saved))
     assert calibrate_cached(q4, None).pass_seconds(1) != 123.0
 
 
 def test_a_busy_calibration_is_used_but_not_kept(q4, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(costs_module, "QUIET", -1.0)
-    monkeypatch.setattr(costs_module, "STEADY", 0.5)      # no measurement is steady enough
+    monkeypatch.setattr(calibration, "QUIET", -1.0)
+    monkeypatch.setattr(calibration, "STEADY", 0.5)      # no measurement is steady enough
     said = []
     costs = calibrate_cached(q4, None, progress=said.append)
     assert costs.pass_seconds(1) > 0 and said and "measuring" in said[0]
@@ -93,7 +93,7 @@ def test_a_busy_calibration_is_used_but_not_kept(q4, tmp_path, monkeypatch):
 
 
 def test_a_slow_calibration_stops_early_and_is_not_kept(q4, monkeypatch):
-    monkeypatch.setattr(costs_module, "CALIBRATION_BUDGET", 0.0)
+    monkeypatch.setattr(calibration, "CALIBRATION_BUDGET", 0.0)
     said = []
     cal = calibrate(q4, None, progress=said.append)
     assert not cal.quiet and len(cal.costs.target) == 2        # the first two sizes only
@@ -123,9 +123,9 @@ def test_a_calibration_during_a_real_busy_process_is_not_quiet(q4):
         before, t0 = _cpu_seconds(busy.pids), time.monotonic()
         cal = calibrate(q4, None, sizes=(1, 4))       # a few hundredths of a second of work
         spun = (_cpu_seconds(busy.pids) - before) / (time.monotonic() - t0)
-    assert cal.seconds >= costs_module.LOAD_SPAN       # filled out so the reading means something
+    assert cal.seconds >= calibration.LOAD_SPAN       # filled out so the reading means something
     # The meter sees the load the spinners really put on the machine (the scheduler decides
     # how much that is; clock ticks make the two readings differ by a little).
     assert cal.others >= 0.6 * spun - 0.1, (cal.others, spun)
-    if spun >= 2 * costs_module.QUIET:
-        assert cal.others >= costs_module.QUIET and not cal.quiet
+    if spun >= 2 * calibration.QUIET:
+        assert cal.others >= calibration.QUIET and not cal.quiet

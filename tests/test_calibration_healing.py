@@ -10,7 +10,8 @@ import json
 import pytest
 
 from edgespec import Engine, SamplingParams
-from edgespec.drafting import costs as costs_module
+from edgespec.drafting import calibration
+from edgespec.drafting.costs import Costs
 from edgespec.engine.drafting import EngineDrafting
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -38,8 +39,8 @@ def load(target, draft):
 
 def test_a_busy_calibration_is_measured_again_and_the_quiet_one_kept(
         cache, monkeypatch, smollm2_f32_path, smollm2_q4_path):
-    monkeypatch.setattr(costs_module, "QUIET", -1.0)
-    monkeypatch.setattr(costs_module, "STEADY", 0.5)           # every measurement is "busy"
+    monkeypatch.setattr(calibration, "QUIET", -1.0)
+    monkeypatch.setattr(calibration, "STEADY", 0.5)           # every measurement is "busy"
     with load(smollm2_f32_path, smollm2_q4_path) as eng:
         costs = eng._drafting.costs
         assert costs.busy and not cache.exists()                # used, not kept
@@ -55,8 +56,8 @@ def test_a_busy_calibration_is_measured_again_and_the_quiet_one_kept(
         assert costs.busy and not cache.exists() and eng._drafting._remeasure_wait == 2 * wait
 
         # The machine is quiet now: the next due answer measures again and keeps it.
-        monkeypatch.setattr(costs_module, "QUIET", 1e9)
-        monkeypatch.setattr(costs_module, "STEADY", 1e9)
+        monkeypatch.setattr(calibration, "QUIET", 1e9)
+        monkeypatch.setattr(calibration, "STEADY", 1e9)
         monkeypatch.setattr(EngineDrafting, "REMEASURE_BUDGET", 1e9)
         eng._drafting._remeasure_at = 0.0
         out = eng.generate(PROMPTS[1], max_tokens=24, sampling=GREEDY)
@@ -70,16 +71,16 @@ def test_a_busy_calibration_is_measured_again_and_the_quiet_one_kept(
 
 def test_refined_costs_are_kept_and_the_next_process_starts_from_them(
         cache, monkeypatch, smollm2_f32_path, smollm2_q4_path):
-    monkeypatch.setattr(costs_module, "QUIET", 1e9)
-    monkeypatch.setattr(costs_module, "STEADY", 1e9)
-    monkeypatch.setattr(costs_module, "CALIBRATION_BUDGET", 1e9)
+    monkeypatch.setattr(calibration, "QUIET", 1e9)
+    monkeypatch.setattr(calibration, "STEADY", 1e9)
+    monkeypatch.setattr(calibration, "CALIBRATION_BUDGET", 1e9)
     with load(smollm2_f32_path, smollm2_q4_path) as eng:
         costs = eng._drafting.costs
         # A start as wrong as a calibration taken on a machine ten times slower.
-        costs.adopt(costs_module.Costs({n: 10 * v for n, v in costs.target.items()},
-                                       10 * costs.draft))
+        costs.adopt(Costs({n: 10 * v for n, v in costs.target.items()},
+                          10 * costs.draft))
         costs.attention = 3e-6         # as if learned over a long prompt (test_drafters.py)
-        poisoned = costs_module.Costs(dict(costs.target), costs.draft)
+        poisoned = Costs(dict(costs.target), costs.draft)
         i = 0
         while costs.observed < EngineDrafting.SAVE_AFTER:
             eng.generate(PROMPTS[i % 2], max_tokens=64, sampling=GREEDY)
@@ -116,23 +117,23 @@ def test_a_busy_calibration_heals_even_while_the_threads_are_backed_off(
         cache, monkeypatch, smollm2_f32_path, smollm2_q4_path):
     # The busy spell made the governors drop a thread; the quiet re-measure runs on every
     # thread (what the cache entry describes) and leaves the governors' count as it was.
-    monkeypatch.setattr(costs_module, "QUIET", -1.0)
-    monkeypatch.setattr(costs_module, "STEADY", 0.5)
+    monkeypatch.setattr(calibration, "QUIET", -1.0)
+    monkeypatch.setattr(calibration, "STEADY", 0.5)
     with Engine.load(target=smollm2_f32_path, draft=smollm2_q4_path, n_ctx=1024) as eng:
         costs = eng._drafting.costs
         assert costs.busy and eng.threads["adaptive"]
         for m in (eng.target, eng.draft):
             m.set_threads(1)
         seen = []
-        real = costs_module.calibrate
+        real = calibration.calibrate
 
         def watched(target, draft, **kw):
             seen.append((target.n_threads, draft.n_threads))
             return real(target, draft, **kw)
 
         monkeypatch.setattr("edgespec.engine.drafting.calibrate", watched)
-        monkeypatch.setattr(costs_module, "QUIET", 1e9)
-        monkeypatch.setattr(costs_module, "STEADY", 1e9)
+        monkeypatch.setattr(calibration, "QUIET", 1e9)
+        monkeypatch.setattr(calibration, "STEADY", 1e9)
         monkeypatch.setattr(EngineDrafting, "REMEASURE_BUDGET", 1e9)
         assert eng._drafting.remeasure(force=True)
         assert seen == [(eng.target.config.n_threads, eng.draft.config.n_threads)]
@@ -144,9 +145,9 @@ def test_costs_that_several_streams_refined_are_not_kept(
         cache, monkeypatch, smollm2_f32_path, smollm2_q4_path):
     """Passes over several streams ran beside the others' Python work and over several
     sequences: what they taught is not one stream's table, and the file is every session's."""
-    monkeypatch.setattr(costs_module, "QUIET", 1e9)
-    monkeypatch.setattr(costs_module, "STEADY", 1e9)
-    monkeypatch.setattr(costs_module, "CALIBRATION_BUDGET", 1e9)
+    monkeypatch.setattr(calibration, "QUIET", 1e9)
+    monkeypatch.setattr(calibration, "STEADY", 1e9)
+    monkeypatch.setattr(calibration, "CALIBRATION_BUDGET", 1e9)
     with Engine.load(target=smollm2_f32_path, draft=smollm2_q4_path, n_ctx=1024, n_threads=2,
                      parallel=2) as eng:
         before = entries(cache)

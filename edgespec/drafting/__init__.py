@@ -2,7 +2,8 @@
 
 - :mod:`.base` — :class:`Draft` and the :class:`Drafter` protocol the loop relies on
 - :mod:`.policy` — draft-length policies: :class:`FixedLength`, :class:`AdaptiveLength`
-- :mod:`.costs` — what drafting and verifying cost: :class:`Costs`, calibration, its cache
+- :mod:`.costs` — what drafting and verifying cost: :class:`Costs`, refined while decoding;
+  :mod:`.calibration` — measuring them; :mod:`.cost_cache` — remembering them on disk
 - :mod:`.model`, :mod:`.ngram`, :mod:`.hybrid` — the three drafters
 - :mod:`.reading` — what the draft model's cache reads, and whether catching it up pays
 - :mod:`.reduced_head` — the draft model's output layer over a subset of the vocabulary
@@ -14,7 +15,9 @@ An Engine's drafters, the costs they share and each generation's speculation are
 from __future__ import annotations
 
 from .base import Draft, Drafter
-from .costs import CostCache, Costs, calibrate, calibrate_cached
+from .calibration import calibrate
+from .cost_cache import CostCache, calibrate_cached
+from .costs import Costs
 from .hybrid import HybridDrafter
 from .model import ModelDrafter
 from .ngram import NgramDrafter

@@ -25,7 +25,9 @@ from ..drafting.cross_vocab import Translation
 from ..drafting.batch import Ask, BatchCosts, plan_round
 from ..drafting.gate import BatchGate, GatedDrafter
 from ..drafting.suffix import SuffixIndexes
-from ..drafting.costs import CostCache, Costs, calibrate, calibrate_cached, measure_draft_batch
+from ..drafting.calibration import calibrate, measure_draft_batch
+from ..drafting.cost_cache import CostCache, calibrate_cached
+from ..drafting.costs import Costs
 from ..drafting.hybrid import HybridDrafter
 from ..drafting.model import ModelDrafter
 from ..drafting.ngram import NgramDrafter
