@@ -21,6 +21,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from .config import ModelConfig
+    from .gguf_file import GGUFInfo
 
 _VOCAB_TYPES = {0: "none", 1: "SPM", 2: "BPE", 3: "WPM", 4: "UGM", 5: "RWKV", 6: "PLaMo-2"}
 
@@ -95,6 +96,8 @@ class LoadedModel(StatefulModel, Protocol):
     :class:`~edgespec.backend.RemoteModel` are."""
 
     config: "ModelConfig"
+    info: "GGUFInfo"          # what the file says of itself (read before llama.cpp loads it)
+    can_tap: bool             # whether its last hidden state can be read (eval_hidden)
     n_threads: int            # CPU threads of the next pass
     decode_seconds: float     # wall time inside llama_decode, cumulative
     # Told each pass's token count, logits rows and seconds; returns the next thread count

@@ -355,12 +355,12 @@ def read_text_arg(value: str, what: str) -> str:
 def constraint_from_args(args):
     """The Constraint the options ask for (checked now, before any model loads), or None."""
     from .constraints import Constraint
-    if getattr(args, "json_schema", None):
+    if args.json_schema:
         return Constraint.json_schema(read_text_arg(args.json_schema, "--json-schema"))
-    if getattr(args, "json_output", False):
+    if args.json_output:
         return Constraint.json()
-    if getattr(args, "regex", None):
+    if args.regex:
         return Constraint.regex(args.regex)
-    if getattr(args, "grammar", None):
+    if args.grammar:
         return Constraint.grammar(read_text_arg(args.grammar, "--grammar"))
     return None

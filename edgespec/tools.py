@@ -45,9 +45,10 @@ class Tool:
     parameters: dict = field(default_factory=lambda: {"type": "object", "properties": {}})
 
     @classmethod
-    def parse(cls, spec: Any, where: str = "tools[0]") -> "Tool":
+    def parse(cls, spec: Any, where: str = "tools[0]", schema: str = "parameters") -> "Tool":
         """From OpenAI's shape ``{"type": "function", "function": {"name", "description",
-        "parameters"}}`` or the bare ``{"name", …}``; a bad one is a one-line error."""
+        "parameters"}}`` or the bare ``{"name", …}``; a bad one is a one-line error.
+        ``schema``: the key of the parameters' JSON schema (Anthropic's ``input_schema``)."""
         if isinstance(spec, Tool):
             return spec
         if not isinstance(spec, dict):
@@ -67,13 +68,13 @@ class Tool:
         description = spec.get("description") or ""
         if not isinstance(description, str):
             raise ConstraintError(f"{where}.description must be a string")
-        params = spec.get("parameters", {"type": "object", "properties": {}})
+        params = spec.get(schema, {"type": "object", "properties": {}})
         if not isinstance(params, dict):
-            raise ConstraintError(f"{where}.parameters must be a JSON schema object")
+            raise ConstraintError(f"{where}.{schema} must be a JSON schema object")
         try:
             _check_schema(params)
         except ConstraintError as e:
-            raise ConstraintError(f"{where}.parameters: {e}") from None
+            raise ConstraintError(f"{where}.{schema}: {e}") from None
         return cls(name, description, params)
 
     def to_openai(self) -> dict:
@@ -99,10 +100,11 @@ class ToolCall:
                 "function": {"name": self.name, "arguments": self.arguments}}
 
 
-def parse_tools(tools: Any) -> list[Tool]:
+def parse_tools(tools: Any, schema: str = "parameters") -> list[Tool]:
+    """``tools`` as Tools (see :meth:`Tool.parse`; ``schema``: the key of their schemas)."""
     if not isinstance(tools, (list, tuple)) or not tools:
         raise ConstraintError("tools must be a non-empty list of tool definitions")
-    out = [Tool.parse(t, f"tools[{i}]") for i, t in enumerate(tools)]
+    out = [Tool.parse(t, f"tools[{i}]", schema) for i, t in enumerate(tools)]
     names = [t.name for t in out]
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from ..config import ModelConfig
+from ..lm import LoadedModel
 from .remote import open_model
 from .vocab_map import check_pair
 
@@ -39,7 +40,7 @@ def open_pair(target: ModelConfig, draft: Optional[ModelConfig], *,
         raise
 
 
-def same_network(target, draft) -> bool:
+def same_network(target: LoadedModel, draft: LoadedModel) -> bool:
     """Whether ``draft`` is ``target``'s network at another precision (a quantisation of the
     same file, as ``edgespec pair derive`` and both registry pairs make): the same
     architecture, hyperparameters, tokenizer size and tensors (names and shapes; their types
@@ -48,8 +49,8 @@ def same_network(target, draft) -> bool:
     need not be read a second time (edgespec.drafting.reading). Whether the weights are the
     same network's is not checked, only their shapes: KV cells of another fine-tune of the
     same shapes would make the draft's proposals worse, never an answer different."""
-    a, b = getattr(target, "info", None), getattr(draft, "info", None)
-    if a is None or b is None or not a.architecture or a.architecture != b.architecture:
+    a, b = target.info, draft.info
+    if not a.architecture or a.architecture != b.architecture:
         return False
     prefix = a.architecture + "."
     hyper = {k for k in (*a.metadata, *b.metadata) if k.startswith(prefix)}

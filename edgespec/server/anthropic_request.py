@@ -203,12 +203,11 @@ def _tools(body: dict) -> tuple[Optional[list[Tool]], Optional[str], bool]:
                                 "the tool's input", param=f"tools[{i}].input_schema",
                            code="missing_required_parameter")
         specs.append({"name": t.get("name"), "description": t.get("description") or "",
-                      "parameters": t["input_schema"]})
+                      "input_schema": t["input_schema"]})
     try:
-        parsed = parse_tools(specs)
+        parsed = parse_tools(specs, schema="input_schema")
     except ConstraintError as e:
-        raise APIError(400, str(e).replace(".parameters", ".input_schema"), param="tools",
-                       code="invalid_value") from None
+        raise APIError(400, str(e), param="tools", code="invalid_value") from None
     choice = choice or {}
     parallel = not get_field(choice, "disable_parallel_tool_use", "bool", False,
                              "tool_choice")
