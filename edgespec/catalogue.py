@@ -21,6 +21,7 @@ import functools
 import hashlib
 import logging
 import math
+from enum import Enum
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional, Sequence, Union
@@ -51,13 +52,24 @@ FILE_TYPES = {
 }
 
 
+class ModelKind(str, Enum):
+    """What a catalog entry is: a registry ``pair`` (target and draft), one ``gguf`` file (a
+    draft only when the server was started with one), or an ``embedding`` model (it embeds,
+    and cannot generate)."""
+
+    PAIR = "pair"
+    GGUF = "gguf"
+    EMBEDDING = "embedding"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class CatalogEntry:
     """One model a request may name.
 
-    ``kind``: ``"pair"`` (a registry pair: ``draft`` is its draft), ``"gguf"`` (one file;
-    ``draft`` None unless the server was started with one) or ``"embedding"`` (an embedding
-    model: it embeds, and cannot generate). ``size``: bytes on disk, target
+    ``kind``: a :class:`ModelKind`. ``size``: bytes on disk, target
     and draft. ``modified``: the target file's mtime (epoch seconds). ``details``: Ollama's
     ``details`` object (``format``, ``family``, ``families``, ``parameter_size``,
     ``quantization_level``), read from the target's GGUF header. ``digest``: a sha256 of the
@@ -72,7 +84,7 @@ class CatalogEntry:
     name: str
     target: Path
     draft: Optional[Path]
-    kind: str
+    kind: ModelKind
     size: int
     modified: float
     details: dict
@@ -81,6 +93,9 @@ class CatalogEntry:
     n_ctx_train: int = 0
     has_template: bool = True
     thinks: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", ModelKind(self.kind))     # a name said as text too
 
     def memory(self, n_ctx: int) -> int:
         """The memory this model takes loaded with a context of ``n_ctx`` tokens: its files
@@ -170,10 +185,10 @@ def _read_header(path: Path) -> tuple[_Header, int, float]:
 
 
 def entry_for(name: str, target: Union[str, Path], draft: Union[str, Path, None] = None,
-              kind: Optional[str] = None) -> CatalogEntry:
+              kind: Optional[ModelKind] = None) -> CatalogEntry:
     """The catalog entry of ``target`` (and ``draft``) under ``name``: how the server names the
-    model it was started with. ``kind`` defaults to ``"pair"`` with a draft, else
-    ``"embedding"`` for an embedding model, else ``"gguf"``.
+    model it was started with. ``kind`` defaults to a pair with a draft, else an embedding
+    model's, else one file's.
 
     Raises :class:`EdgespecError` (a :class:`~edgespec.errors.ModelLoadError`) when a file is
     missing or not a usable GGUF model."""
@@ -191,7 +206,9 @@ def entry_for(name: str, target: Union[str, Path], draft: Union[str, Path, None]
                "quantization_level": header.quantization_level}
     digest = hashlib.sha256("\0".join((name, str(t), str(d or ""), str(size), repr(mtime))
                                       ).encode()).hexdigest()
-    kind = kind or ("pair" if d is not None else "embedding" if header.embedding else "gguf")
+    kind = ModelKind(kind) if kind is not None else (
+        ModelKind.PAIR if d is not None else ModelKind.EMBEDDING if header.embedding
+        else ModelKind.GGUF)
     return CatalogEntry(name, t, d, kind, size, mtime, details, digest, kv, header.n_ctx_train,
                         header.has_template, header.thinks)
 
@@ -203,7 +220,7 @@ def _warn_once(message: str) -> None:
 
 
 def _scanned(name: str, target: Path, draft: Optional[Path] = None,
-             kind: Optional[str] = None) -> Optional[CatalogEntry]:
+             kind: Optional[ModelKind] = None) -> Optional[CatalogEntry]:
     try:
         return entry_for(name, target, draft, kind)
     except EdgespecError as e:

@@ -182,11 +182,12 @@ def loader(args):
     """How the server loads a model a request names: the options of the command line, with
     that model's files (a GGUF without a draft decodes with n-gram drafting, or plainly; an
     embedding model is an Embedder) and the context asked for (None: ``--ctx-size``)."""
+    from ..catalogue import ModelKind
     server_log = logging.getLogger("edgespec.server")
 
     def load(entry, n_ctx):
         server_log.info("loading %s …", entry.name)
-        if entry.kind == "embedding":
+        if entry.kind is ModelKind.EMBEDDING:
             from ..embedding import Embedder
             return Embedder.load(entry.target, n_ctx=args.ctx_size or config.N_CTX,
                                  n_threads=args.threads,
@@ -245,7 +246,7 @@ def cmd_serve(args) -> int:
         import uvicorn
 
         from .app import create_app
-        from ..catalogue import entry_for, scan_catalog
+        from ..catalogue import ModelKind, entry_for, scan_catalog
         from .models import ModelManager
         metrics = None
         if args.metrics:
@@ -267,7 +268,7 @@ def cmd_serve(args) -> int:
             if args.metrics:
                 metrics = Metrics(lambda: [(m.name, manager.engine_for(m.name))
                                            for m in manager.loaded()
-                                           if m.entry.kind != "embedding"])
+                                           if m.entry.kind is not ModelKind.EMBEDDING])
             app = create_app(manager=manager, n_ctx=engine.n_ctx, api_key=api_key,
                              cors_origins=args.allow_origin, host=args.host, metrics=metrics,
                              close_on_shutdown=True,

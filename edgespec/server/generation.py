@@ -34,7 +34,7 @@ from ..errors import (ConstraintError, ContextOverflowError, EdgespecError, Engi
 from ..engine.request import GenerationRequest
 from ..engine.streams import AsyncStream
 from .framing import Framing
-from ..catalogue import CatalogEntry, ModelNotFound
+from ..catalogue import CatalogEntry, ModelKind, ModelNotFound
 from .models import ModelManager
 from .slots import Lease
 from .wire import APIError, APIRequest, is_int
@@ -153,7 +153,7 @@ class GenerationPath:
         takes the lease over). ``embedding``: the lease is for embeddings, which every model
         makes; otherwise an embedding model (which cannot generate) is refused with a 400
         before it is loaded."""
-        if not embedding and self.resolve(name).kind == "embedding":
+        if not embedding and self.resolve(name).kind is ModelKind.EMBEDDING:
             raise APIError(400, f"the model '{name}' is an embedding model: it does not "
                                 "generate text (send it to /api/embed or /v1/embeddings)",
                            param="model", code="model_not_supported")

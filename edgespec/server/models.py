@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, AsyncIterator, Callable, Mapping, Optional, Se
 
 import anyio
 
-from ..catalogue import CatalogEntry, ModelNotFound, find_entry
+from ..catalogue import CatalogEntry, ModelKind, ModelNotFound, find_entry
 from ..errors import EngineClosedError
 from .contexts import ContextPolicy
 from .names import ModelNames
@@ -207,7 +207,7 @@ class ModelManager(ModelNames):
                 continue
             need = self.budget.memory(entry, self.contexts.load_context(entry))
             victims = self.budget.victims(self._slots.values(), self._closing, need,
-                                          embedding=entry.kind == "embedding")
+                                          embedding=entry.kind is ModelKind.EMBEDDING)
             if victims is None:
                 await self._wait()        # until a lease ends or a load finishes
                 continue

@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from typing import Callable, Optional, Sequence
 
 from .. import __version__
+from ..catalogue import ModelKind
 from ..chat_template import ChatTemplate
 from .replies import speculation, template_field
 from .wire import APIError
@@ -207,7 +208,7 @@ def show_body(entry, info: dict, template: str, contexts: tuple, thinks: bool,
                  + f"PARAMETER num_ctx {n_ctx}\n")
     return {"modelfile": modelfile, "parameters": f"{'num_ctx':<30} {n_ctx}",
             "template": template, "details": _details(entry), "model_info": model_info,
-            "capabilities": (["embedding"] if entry.kind == "embedding"
+            "capabilities": (["embedding"] if entry.kind is ModelKind.EMBEDDING
                              else ["completion", "tools", *(["insert"] if fills else []),
                                    *(["thinking"] if thinks else [])]),
             "modified_at": _at(entry.modified),

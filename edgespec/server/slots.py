@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Optional
 
-from ..catalogue import CatalogEntry
+from ..catalogue import CatalogEntry, ModelKind
 from ..errors import EdgespecError, MemoryBudgetError
 
 if TYPE_CHECKING:
@@ -90,7 +90,7 @@ class Budget:
     def memory(self, entry: CatalogEntry, n_ctx: int) -> int:
         """What ``entry`` takes loaded with ``n_ctx`` tokens for each of its ``streams``
         lanes (an Engine's KV caches hold a context per lane; an embedding model's, one)."""
-        return entry.memory(n_ctx * (1 if entry.kind == "embedding" else self.streams))
+        return entry.memory(n_ctx * (1 if entry.kind is ModelKind.EMBEDDING else self.streams))
 
     def check(self, name: str, need: int) -> None:
         """Refuse a model that alone needs more than ``max_ram`` (:class:`~edgespec.errors.
@@ -112,7 +112,7 @@ class Budget:
         held = slots + list(closing)
 
         def alike(s: Slot) -> bool:
-            return (s.entry.kind == "embedding") == embedding
+            return (s.entry.kind is ModelKind.EMBEDDING) == embedding
         count, ram = sum(map(alike, held)), sum(s.size for s in held)
         idle = sorted((s for s in slots if s.idle), key=lambda s: (not alike(s), s.last_used))
         victims = []
