@@ -2,10 +2,11 @@
 names, and :class:`EngineDrafting` keeps one per kind of sampling over the costs they share,
 measured once per model file (calibration, its cache, re-measuring a busy one), with what the
 draft model needs beside them (its reduced output layer, the translation of a draft of another
-vocabulary); each generation gets its :class:`~edgespec.engine.request.Speculation` from it.
+vocabulary); each generation gets its :class:`Speculation` from it: the drafter of the lane
+it holds, asked for by name when it holds one (no callbacks).
 
-The Engine imports this module itself: the package (:mod:`edgespec.drafting`), which the loop
-imports, leaves it out, since a Speculation belongs to the request the loop carries out."""
+The runtime's, not :mod:`edgespec.drafting`'s (which the loop imports and which never
+imports the runtime): it knows lanes and requests."""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ import numpy as np
 from ..config import DrafterKind, SamplingParams, SpecConfig
 from ..errors import InvalidParameterError
 from ..lm import LanguageModel, LoadedModel
-from .request import Speculation
 from .threads import governors_suspended
 from ..drafting.base import Drafter
 from ..drafting.cross_vocab import Translation
@@ -36,6 +36,7 @@ from ..drafting.reduced_head import HEAD_MIN_VOCAB, ReducedHead
 
 if TYPE_CHECKING:
     from ..backend import VocabMap
+    from ..drafting.suffix import SuffixIndex
     from .lanes import Lane
 
 
@@ -284,10 +285,8 @@ class EngineDrafting:
         ``index_key``'s index); None: nothing drafts."""
         if not self.spec.drafts:
             return None
-        return Speculation(drafter=lambda lane: self.for_sampling(sampling, lane),
-                           plain_cost=self.plain_pass_seconds, verifier=self.spec.verifier,
-                           draft_tokens=self.draft_tokens,
-                           index=self.indexes.get(index_key) if self.indexes else None)
+        return Speculation(self, sampling,
+                           self.indexes.get(index_key) if self.indexes else None)
 
     def draft_tokens(self, lane: "Lane", context: list[int]) -> list[int]:
         """``context`` (target tokens) as ``lane``'s draft cache holds it."""
@@ -309,3 +308,33 @@ class EngineDrafting:
                 f"{draft_max} for longer drafts)", options=("draft_max",))
         self.spec = spec
         self._by_kind.clear()
+
+
+class Speculation:
+    """How one generation drafts, decided when it is submitted: its ``sampling`` (which of
+    the lane's drafters it uses), the acceptance rule for unseeded sampling (``verifier``,
+    SpecConfig's) and the earlier requests it drafts from (``index``, None: its context
+    only). The lane it gets is known only once it holds one: :meth:`drafter` and
+    :meth:`draft_tokens` take it."""
+
+    def __init__(self, drafting: EngineDrafting, sampling: SamplingParams,
+                 index: Optional["SuffixIndex"]):
+        self._drafting, self.sampling, self.index = drafting, sampling, index
+        self.verifier = drafting.spec.verifier
+
+    def drafter(self, lane: "Lane") -> Optional[Drafter]:
+        """The drafter of ``lane`` for this generation, drafting from its ``index`` (the lane
+        holds it while this generation does). Building a lane's first drafter of a kind of
+        sampling may calibrate the cost model first (once per model file and setting), and
+        any call may re-measure it when the machine's load changed (:meth:`EngineDrafting.
+        remeasure`): asked for once, when the lane is held, before the prompt is read."""
+        lane.suffix = self.index
+        return self._drafting.for_sampling(self.sampling, lane)
+
+    def plain_cost(self) -> Optional[float]:
+        """The cost model's seconds for a plain target pass (None: no cost model)."""
+        return self._drafting.plain_pass_seconds()
+
+    def draft_tokens(self, lane: "Lane", tokens: list[int]) -> list[int]:
+        """``tokens`` (the target's) as ``lane``'s draft cache holds them."""
+        return self._drafting.draft_tokens(lane, tokens)

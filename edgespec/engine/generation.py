@@ -141,7 +141,6 @@ class _Run:
         the draft. The drafter is asked for first: building one may calibrate."""
         spec = self.req.speculation
         self.drafter = spec.drafter(self.lane) if spec else None
-        self.lane.suffix = spec.index if spec else None
         t0 = self.t0 = time.perf_counter()
         want = self.req.prompt[:-1]
         if self.cache is not None:

@@ -36,7 +36,9 @@ class Lane:
     draft: Optional[StreamModel]
     head: Optional["ReducedHead"]
     rounds: Rounds
-    suffix: Optional["SuffixIndex"] = None    # the earlier requests its generation drafts from
+    # The earlier requests its generation drafts from: set by its Speculation.drafter, read
+    # by the lane's n-gram drafter (engine/drafting.py, both).
+    suffix: Optional["SuffixIndex"] = None
 
     def plan(self, ask) -> int:
         """This lane's draft length for the round, planned with the other lanes'."""

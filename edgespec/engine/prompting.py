@@ -7,14 +7,17 @@ deadline is shared state).
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..backend import GrammarVocab
 from ..chat_template import ChatTemplate, validate_messages
 from ..constraints import Constraint, GrammarState, special_tag_id, tokenizer_for
 from ..errors import ContextOverflowError, InvalidParameterError
 from ..lm import LoadedModel
-from .request import GenerationRequest, Prepared, Prompt, Speculation
+from .request import GenerationRequest, Prepared, Prompt
+
+if TYPE_CHECKING:
+    from .drafting import Speculation
 from ..thinking import reads_thinking, separates, template_variables
 from ..tools import ToolPlan, plan_request
 
@@ -34,7 +37,7 @@ class Prompter:
         self._render = threading.Lock()
 
     def prepare(self, req: GenerationRequest, n_ctx: int,
-                speculation: Optional[Speculation]) -> tuple[Prepared, Any]:
+                speculation: Optional["Speculation"]) -> tuple[Prepared, Any]:
         """``req`` made ready to run: its prompt in tokens (with the tools it may call
         declared, and the grammar their calls follow), within ``n_ctx``; and, for a thinking
         model, what separates its reasoning from its answer (None otherwise)."""

@@ -24,9 +24,7 @@ from ..results import Generation
 
 if TYPE_CHECKING:
     from ..constraints import Constraint, GrammarState
-    from ..drafting import Drafter
-    from ..drafting.suffix import SuffixIndex
-    from .lanes import Lane
+    from .drafting import Speculation
 
 Prompt = Union[str, Sequence[Mapping[str, str]]]
 
@@ -91,23 +89,6 @@ _FIELDS = {f.name for f in fields(GenerationRequest)} - {"prompt"}
 
 
 @dataclass(frozen=True)
-class Speculation:
-    """How one generation drafts, decided before it starts: the drafter of the lane it gets
-    (asked for once it holds one: the lane's draft model, reduced output layer and what its
-    drafter learned), the cost model's seconds for a plain target pass (the speed-up's
-    reference when no round was plain), the acceptance rule for unseeded sampling
-    (``SpecConfig.verifier``), and the context as the lane's draft cache holds it
-    (``draft_tokens``: the target's tokens in the draft's, for a draft of another
-    vocabulary)."""
-
-    drafter: Callable[["Lane"], Optional["Drafter"]]
-    plain_cost: Callable[[], Optional[float]] = lambda: None
-    verifier: str = "block"
-    draft_tokens: Callable[["Lane", list[int]], list[int]] = lambda lane, tokens: tokens
-    index: Optional["SuffixIndex"] = None   # earlier requests' tokens, read and fed
-
-
-@dataclass(frozen=True)
 class Prepared:
     """A :class:`GenerationRequest` made ready to run: ``request`` itself (its limits, stops
     and sampling are read from it, not copied), ``prompt`` (token ids, with the tools it may
@@ -119,7 +100,7 @@ class Prepared:
     prompt: list
     grammar: Optional["GrammarState"] = None
     finish: Optional[Callable[[Generation], Generation]] = None
-    speculation: Optional[Speculation] = None
+    speculation: Optional["Speculation"] = None
 
     @property
     def speculative(self) -> bool:
