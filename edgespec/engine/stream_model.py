@@ -55,6 +55,11 @@ class StreamModel:
     # -- passes: batched with the other streams' --------------------------------------------
 
     def eval(self, tokens: Sequence[int], n_logits: int = 1) -> np.ndarray:
+        """This stream's part of the round's pass: ``tokens`` join the other running
+        streams' parts in one ``llama_decode`` (a batch of their rows together), so this call
+        blocks until that pass has run, and returns this part's last ``n_logits`` rows of
+        the batch's logits, ``(n_logits, n_vocab)`` (:meth:`Rounds.decode
+        <edgespec.engine.rounds.Rounds.decode>`)."""
         return self.rounds.decode(self.member, self.model, self.seq, tokens, n_logits)
 
     def eval_hidden(self, tokens: Sequence[int]) -> Optional[np.ndarray]:
