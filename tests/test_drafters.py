@@ -106,7 +106,7 @@ class _Recorder:
     """A length policy that records what it is told (pure logic, for the hybrid's routing)."""
 
     needs_confidence = True
-    planned_rate = None
+    economics = None        # as a pinned length: no cost oracle
 
     def __init__(self, k):
         self.k, self.observed, self.rested, self.asked = k, [], 0, 0
@@ -129,21 +129,6 @@ class _Recorder:
 
     def rest(self):
         self.rested += 1
-
-    def pass_seconds(self, n_rows):
-        return None
-
-    def step_seconds(self):
-        return None
-
-    def expected_round(self, k):
-        return None
-
-    def saving(self, tokens_ahead, keep=1.0):
-        return None
-
-    def catch_up_pays(self, seconds, tokens_ahead):
-        return True
 
 
 def sevens(policy, n_vocab=16):
@@ -580,7 +565,7 @@ def test_a_long_prompt_is_read_through_a_window_when_that_saves_the_most():
 
 
 def test_saving_scales_with_the_acceptance_kept():
-    pol = AdaptiveLength(Costs(dict(GEMMA[0]), GEMMA[1]))
+    pol = AdaptiveLength(Costs(dict(GEMMA[0]), GEMMA[1])).economics
     whole, window = pol.saving(300), pol.saving(300, keep=0.8)
     assert whole > window > 0
     assert pol.saving(600) == pytest.approx(2 * whole)

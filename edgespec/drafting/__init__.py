@@ -2,6 +2,8 @@
 
 - :mod:`.base` — :class:`Draft` and the :class:`Drafter` protocol the loop relies on
 - :mod:`.policy` — draft-length policies: :class:`FixedLength`, :class:`AdaptiveLength`
+- :mod:`.economics` — what drafting is expected to cost and save, on an adaptive policy's
+  estimates: the cost oracle its plans and the reading and hybrid decisions consult
 - :mod:`.costs` — what drafting and verifying cost: :class:`Costs`, refined while decoding;
   :mod:`.calibration` — measuring them; :mod:`.cost_cache` — remembering them on disk
 - :mod:`.model`, :mod:`.ngram`, :mod:`.hybrid` — the three drafters

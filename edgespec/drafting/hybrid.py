@@ -125,8 +125,9 @@ class HybridDrafter:
     def _model_is_better(self, k_model: int) -> bool:
         """Whether the model's planned round is expected to go faster than the n-gram's (a
         match is a poor bet when sampled text has left the context behind)."""
-        mine, theirs = self.model.policy.planned_rate, self.ngram.policy.planned_rate
-        return k_model > 0 and mine is not None and theirs is not None and mine > theirs
+        mine, theirs = self.model.policy.economics, self.ngram.policy.economics
+        return (k_model > 0 and mine is not None and theirs is not None
+                and mine.planned_rate > theirs.planned_rate)
 
     def _catch_up_pays(self, context: Sequence[int], everywhere: bool = False) -> bool:
         """Whether catching the model up is repaid before the next n-gram match is likely
@@ -145,4 +146,5 @@ class HybridDrafter:
         # n-gram round puts it behind by only what that round committed).
         ahead = rest if everywhere else max(min(max(self.miss_tokens, stretch), rest),
                                             self.miss_share * rest)
-        return self.model.policy.catch_up_pays(seconds, ahead)
+        economics = self.model.policy.economics     # (a pinned length: it always pays)
+        return economics is None or economics.catch_up_pays(seconds, ahead)

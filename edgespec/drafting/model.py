@@ -49,8 +49,8 @@ class ModelDrafter:
     start of the next draft. With a :class:`ReducedHead` each step skips llama.cpp's output
     layer and applies the head's rows instead.
 
-    Beside the :class:`~.base.Drafter` contract, a hybrid drafter uses its ``policy`` (the
-    :class:`~.policy.LengthPolicy`'s estimates), its ``reading`` (:class:`~.reading.Reading`:
+    Beside the :class:`~.base.Drafter` contract, a hybrid drafter uses its ``policy`` (its cost
+    oracle, :class:`~.economics.DraftEconomics`), its ``reading`` (:class:`~.reading.Reading`:
     whether the cache is behind, catching up, what that costs), ``draft(..., extend=)`` and
     :meth:`rest`.
     """

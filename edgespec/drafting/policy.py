@@ -16,12 +16,11 @@ and break the losslessness of rejection sampling (tests/test_drafters.py shows b
   pays; old evidence fades even then, so it re-probes and notices when acceptance recovers —
   and stops a draft early when no continuation is worth its time at the planned rate.
 
-A policy also answers what drafting is expected to cost and save (a target pass of n rows, a
-draft step, a round of K drafts, the next N tokens), for the drafter's other decisions: whether
-to catch a draft cache up, to read a long prompt through a window, to draft again after plain
-rounds (:mod:`.reading`), which source to draft with (:mod:`.hybrid`). :class:`FixedLength`
-has no cost model: it answers None ("no estimate"), and the callers then act as a pinned
-length does (read everything, draft regardless).
+What drafting is expected to cost and save, for the drafter's other decisions (whether to
+catch a draft cache up, to read a long prompt through a window, which source to draft with),
+is not a policy's question: it is its ``economics`` (:class:`~.economics.DraftEconomics`), the
+cost oracle an :class:`AdaptiveLength` plans with. :class:`FixedLength` has none (None): the
+callers then act as a pinned length does (read everything, draft regardless).
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ from typing import Callable, Optional, Protocol, Sequence
 import numpy as np
 
 from .costs import Costs
+from .economics import DraftEconomics
 
 # No draft position is assumed accepted more often than this, however thin the evidence.
 MAX_ACCEPTANCE = 0.99
@@ -39,6 +39,10 @@ MAX_ACCEPTANCE = 0.99
 
 class LengthPolicy(Protocol):
     """Decides how many tokens to draft; learns from each verified round."""
+
+    # What drafting is expected to cost and save, on this policy's estimates (None: a length
+    # that is not the cost model's, as a pinned one).
+    economics: Optional[DraftEconomics]
 
     @property
     def needs_confidence(self) -> bool:
@@ -75,38 +79,12 @@ class LengthPolicy(Protocol):
     def rest(self) -> None:
         """A round this policy took no part in (another source drafted)."""
 
-    # -- what drafting is expected to cost and save (None: no estimate) -------------------
-
-    @property
-    def planned_rate(self) -> Optional[float]:
-        """Expected tokens per second of the round just planned."""
-
-    def pass_seconds(self, n_rows: int) -> Optional[float]:
-        """Seconds of a target pass over ``n_rows`` tokens after the current context (a
-        plain round: 1; verifying K drafts: K + 1)."""
-
-    def step_seconds(self) -> Optional[float]:
-        """Seconds of one single-token draft step."""
-
-    def expected_round(self, k: int) -> Optional[tuple[float, float]]:
-        """(tokens, seconds) expected of a round that drafts ``k`` tokens: the accepted drafts
-        and the target's own token, ``k`` draft steps and a pass of ``k + 1`` rows. Against
-        decoding those tokens plainly it saves tokens × :meth:`pass_seconds` (1) − seconds."""
-
-    def saving(self, tokens_ahead: float, keep: float = 1.0) -> Optional[float]:
-        """Seconds that drafting is expected to save over decoding the next ``tokens_ahead``
-        tokens plainly, were every position's acceptance ``keep`` times today's estimate (a
-        draft that reads only a window of the prompt); 0 when drafting would not pay."""
-
-    def catch_up_pays(self, seconds: float, tokens_ahead: float) -> bool:
-        """Whether spending ``seconds`` to bring the draft up to date is repaid by drafting
-        for the next ``tokens_ahead`` tokens instead of decoding plainly (a pinned length:
-        always)."""
-
 
 class FixedLength:
     """K tokens per round, cut when the draft's top probability is below ``p_min``. It has no
-    cost model: its estimates are None, and catching up always pays."""
+    cost model (no ``economics``): the length is the user's."""
+
+    economics = None
 
     def __init__(self, k: int, p_min: float = 0.0):
         self.k, self.p_min = k, p_min
@@ -130,23 +108,6 @@ class FixedLength:
 
     def rest(self) -> None:
         pass
-
-    planned_rate = None
-
-    def pass_seconds(self, n_rows: int) -> None:
-        return None
-
-    def step_seconds(self) -> None:
-        return None
-
-    def expected_round(self, k: int) -> None:
-        return None
-
-    def saving(self, tokens_ahead: float, keep: float = 1.0) -> None:
-        return None
-
-    def catch_up_pays(self, seconds: float, tokens_ahead: float) -> bool:
-        return True
 
 
 class _Decayed:
@@ -228,6 +189,9 @@ class AdaptiveLength:
     # (a round's seconds are then the batch's and its waits; the Engine learns from each pass
     # whole: EngineDrafting.observe_pass).
     learns_costs: bool = True
+    # What drafting costs and saves on these estimates: what the plan weighs, and what the
+    # drafter's other decisions ask.
+    economics: DraftEconomics = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._pos = _Decayed(self.k_max, strength=8.0)
@@ -235,6 +199,22 @@ class AdaptiveLength:
         # Whether a draft's first token was accepted, per confidence bin (free drafts'
         # lengths, :meth:`length_for`).
         self._first = _Decayed(self._n_bins, strength=2.0)
+        self.economics = DraftEconomics(self)
+
+    @property
+    def planned(self) -> int:
+        """The draft length of the round just planned (0: a plain round)."""
+        return self._planned
+
+    @property
+    def round_rate(self) -> float:
+        """Expected tokens per second of the round just planned, when it drafts."""
+        return self._rate
+
+    @property
+    def probing(self) -> bool:
+        """Whether the last :meth:`best` chose a probe (drafting on optimistic estimates)."""
+        return self._probing
 
     # -- the model ------------------------------------------------------------------------
 
@@ -247,28 +227,14 @@ class AdaptiveLength:
         bonus = (self.z if z is None else z) * np.sqrt(pooled * (1 - pooled) / n)
         return np.minimum(MAX_ACCEPTANCE, self._pos.rates(pooled) + bonus)
 
-    def expected_round(self, k: int, rates: Optional[np.ndarray] = None) -> tuple[float, float]:
-        """(expected tokens, expected seconds) of a round that drafts k tokens, with these
-        acceptance rates per position (default: :meth:`position_rates`)."""
-        reach = np.cumprod((self.position_rates() if rates is None else rates)[:k])
-        c = self.costs
-        return 1.0 + float(reach.sum()), k * c.draft_step() + c.pass_seconds(k + 1)
-
-    def _rates_by_length(self, acceptance: np.ndarray, draft: float) -> np.ndarray:
-        """Expected tokens per second of a round that drafts K = 0 … len(acceptance)
-        tokens, position i accepted at ``acceptance[i]``, a draft step costing ``draft``."""
-        ks = np.arange(0, acceptance.size + 1)
-        seconds = ks * draft + self.costs.pass_seconds(ks + 1)
-        reach = np.cumprod(acceptance)
-        return (1.0 + np.concatenate(([0.0], np.cumsum(reach)))) / seconds
-
     def best(self) -> tuple[int, float]:
         """The K in [0, k_max] with the highest expected tokens per second, and that rate.
 
         Drafting must beat plain decoding by ``margin`` (a break-even gamble on a draft as
         slow as the target only adds variance)."""
         def rates(z):
-            return self._rates_by_length(self.position_rates(z), self.costs.draft_step())
+            return self.economics.rates_by_length(self.position_rates(z),
+                                                  self.costs.draft_step())
 
         rate = rates(None)
         k = int(np.argmax(rate))
@@ -326,7 +292,7 @@ class AdaptiveLength:
             # The value of time while drafting is the rate of the round actually planned: the
             # rate of the uncapped best K would make every continuation of a capped draft
             # look too dear, and the draft would stop at once, round after round.
-            tokens, seconds = self.expected_round(k, self._pos_rates)
+            tokens, seconds = self.economics.expected_round(k, self._pos_rates)
             self._rate = tokens / seconds
         pooled = self._pos.pooled(self.prior)
         self._gate_active = bool(self._conf.rates(1.0, z=self.z).min() < 0.9 * pooled)
@@ -382,7 +348,7 @@ class AdaptiveLength:
         if tested.size:
             pos[tested[-1] + 1:] = np.maximum(pos[tested[-1] + 1:], pos[tested[-1]])
         later = np.minimum(pos[1:k_max], self._acceptance_at(confidence))
-        rate = self._rates_by_length(np.concatenate(([first], later)), 0.0)
+        rate = self.economics.rates_by_length(np.concatenate(([first], later)), 0.0)
         k = int(np.argmax(rate))
         if slow_start:
             k = min(k, 4 << min(int(self._conf.tested[self._bin(confidence)]), 8))
@@ -400,43 +366,6 @@ class AdaptiveLength:
         as in a plain round, so that it re-probes some time later."""
         self._pos.age(self.idle_decay)
         self._conf.age(self.idle_decay)
-
-    # -- what drafting is expected to cost and save ---------------------------------------
-
-    @property
-    def planned_rate(self) -> float:
-        return self._rate if self._planned else 1.0 / self.costs.pass_seconds(1)
-
-    def pass_seconds(self, n_rows: int) -> float:
-        return self.costs.pass_seconds(n_rows)
-
-    def step_seconds(self) -> float:
-        return self.costs.draft_step()
-
-    def catch_up_pays(self, seconds: float, tokens_ahead: float) -> bool:
-        """At the rate of the K :meth:`best` chooses (a probe's, while probing, where catching
-        up is cheap). A probe's optimism does not pay for reading a prompt: that costs a
-        second or more (Qwen2.5-Coder-0.5B reads 4.4 ms a token on 2 cores, a 350-token chat
-        history 1.5 s, where the 1.5B target decodes a token in 81 ms) and a probe is a bet
-        on thin evidence, so a catch-up above a plain pass's cost must pay at today's
-        estimates (:meth:`saving`)."""
-        k, rate = self.best()
-        if k == 0:
-            return False
-        if self._probing and seconds > self.costs.pass_seconds(1):
-            return self.saving(tokens_ahead) > seconds
-        return tokens_ahead * (self.costs.pass_seconds(1) - 1.0 / rate) > seconds
-
-    def saving(self, tokens_ahead: float, keep: float = 1.0) -> float:
-        """See :meth:`LengthPolicy.saving`: at the best K's rate on today's estimates (no
-        probing), 0 unless it beats plain decoding by ``margin``."""
-        if tokens_ahead <= 0:
-            return 0.0
-        rate = self._rates_by_length(keep * self.position_rates(), self.costs.draft_step())
-        best = float(rate.max())
-        if best < rate[0] * (1 + self.margin):
-            return 0.0
-        return tokens_ahead * (self.costs.pass_seconds(1) - 1.0 / best)
 
     def observe(self, k, n, confidences, draft_step_seconds, verify_seconds,
                 k_verified=None) -> None:

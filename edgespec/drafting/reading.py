@@ -11,9 +11,9 @@ only when this round's expected saving repays evaluating what those rounds commi
 (docs/decisions.md, "Returning to drafting must pay for itself"). What the draft reads changes
 only how fast the answer comes, never what it is.
 
-Every judgement here is the length policy's estimate (:class:`~.policy.LengthPolicy`); a
-policy without one (a pinned draft length) reads the whole context, catches up whenever it is
-behind and drafts again at once.
+Every judgement here is the length policy's cost oracle's (its ``economics``,
+:class:`~.economics.DraftEconomics`); a policy without one (a pinned draft length) reads the
+whole context, catches up whenever it is behind and drafts again at once.
 """
 
 from __future__ import annotations
@@ -168,11 +168,11 @@ class Reading:
         extra = min(lag - 1, self._plain_rounds)
         if extra <= 0:
             return True
-        expected = self.policy.expected_round(max(1, planned))
-        if expected is None:        # no estimate: a pinned draft length drafts regardless
+        economics = self.policy.economics
+        if economics is None:       # no estimate: a pinned draft length drafts regardless
             return True
-        tokens, seconds = expected
-        return tokens * self.policy.pass_seconds(1) > seconds + extra * self._token_seconds()
+        tokens, seconds = economics.expected_round(max(1, planned))
+        return tokens * economics.pass_seconds(1) > seconds + extra * self._token_seconds()
 
     def measured(self, lag: int, seconds: float) -> None:
         """Evaluating ``lag`` context tokens (and a step's logits) took ``seconds``. A batch
@@ -181,9 +181,8 @@ class Reading:
         look too dear to ever be tried and corrected again, so it is cut to a step's cost."""
         if lag >= 4:
             per_token = seconds / lag
-            step = self.policy.step_seconds()
-            if step is not None:
-                per_token = min(per_token, step)
+            if self.policy.economics is not None:
+                per_token = min(per_token, self.policy.economics.step_seconds())
             self.catch_up_cost = (per_token if self.catch_up_cost is None else
                                   self.catch_up_cost + 0.2 * (per_token - self.catch_up_cost))
 
@@ -213,7 +212,7 @@ class Reading:
             return False
         copy = self._copy_seconds(len(donor.tokens))
         if copy is not None and (self.catch_up_cost is not None
-                                 or self.policy.step_seconds() is not None):
+                                 or self.policy.economics is not None):
             # A long context a few tokens or chunks ahead of the cache (after n-gram rounds)
             # may be cheaper to read than to copy whole.
             if copy > self._lag(context) * self._token_seconds():
@@ -260,7 +259,8 @@ class Reading:
         if not self._chosen:
             self._chosen = True
             self._choose_window(context)
-        if self.policy.expected_round(1) is None:
+        economics = self.policy.economics
+        if economics is None:
             # A pinned length has no cost model: it catches up whatever the typical answer's
             # length (a learned guess that a few short answers, stopped early, would lower
             # until a long prompt were never read), while the generation may still make some.
@@ -270,7 +270,7 @@ class Reading:
         if ahead <= 1:
             return False
         seconds = self.catch_up_seconds(context)
-        return self.policy.catch_up_pays(seconds or 0.0, ahead)
+        return economics.catch_up_pays(seconds or 0.0, ahead)
 
     def catch_up_seconds(self, context: Sequence[int]) -> Optional[float]:
         """What bringing this cache up to the context would cost: evaluating the tokens it
@@ -308,13 +308,15 @@ class Reading:
         n, size = len(self.model.tokens), len(self.tokens(context))     # (the draft's tokens)
         ahead = self.tokens_ahead(len(context))
 
-        def net(read: int, keep: float) -> Optional[float]:
-            saving = self.policy.saving(ahead - read / self.CATCH_UP_CHUNK, keep)
-            return None if saving is None else saving - read * self._token_seconds()
+        economics = self.policy.economics
+        if economics is None:   # no estimate: the whole prompt
+            return
+
+        def net(read: int, keep: float) -> float:
+            saving = economics.saving(ahead - read / self.CATCH_UP_CHUNK, keep)
+            return saving - read * self._token_seconds()
 
         best, choice = net(size - n, 1.0), None
-        if best is None:        # no estimate: the whole prompt
-            return
         a = max(n, self.HEAD)
         for w, keep in self.WINDOWS:
             b = size - w
@@ -351,7 +353,8 @@ class Reading:
     def _token_seconds(self) -> float:
         """Seconds to evaluate one context token on the draft: as measured, or a share of a
         draft step until then (asked only under a cost model, which knows the step's)."""
-        return self.catch_up_cost or self.PROMPT_TOKEN_SHARE * self.policy.step_seconds()
+        return self.catch_up_cost or (self.PROMPT_TOKEN_SHARE
+                                      * self.policy.economics.step_seconds())
 
     def _view(self, context: Sequence[int]) -> Sequence[int]:
         """The context as the draft reads it (all of it, or the window chosen), in its own
