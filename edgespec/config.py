@@ -1,8 +1,9 @@
-"""Frozen configuration objects, validated on construction, and the only home of defaults.
+"""Frozen configuration objects, validated on construction, and the home of the defaults.
 
 Each invalid value raises :class:`~edgespec.errors.InvalidParameterError` naming the
 parameter and its valid range, so a typo at the command line or in an HTTP body gets the same
-one-line explanation. The shells (command line, chat, server) take their defaults from here.
+one-line explanation. The shells (command line, chat, server) and `Engine.load` take their
+defaults from here.
 """
 
 from __future__ import annotations

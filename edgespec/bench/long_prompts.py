@@ -1,7 +1,8 @@
 """``edgespec bench --prompt-lengths``: what speculation does to a long prompt's answer.
 
 Speculation pays while decoding, but a drafter has its prompt to process too: with a draft
-model, both models evaluate the prompt before the first token. This measures, for each prompt
+model, the draft catches up with the prompt between the target's steps (the target reads it
+alone before the first token). This measures, for each prompt
 length L and answer length N, the time to first token, the decoding speed and the whole
 answer's time (prompt and decoding, wall clock around the ``generate`` call), plain and
 speculative (the engine's drafter, its draft length chosen by the cost model).

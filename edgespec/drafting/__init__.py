@@ -9,6 +9,10 @@
 - :mod:`.model`, :mod:`.ngram`, :mod:`.hybrid` — the three drafters
 - :mod:`.reading` — what the draft model's cache reads, and whether catching it up pays
 - :mod:`.reduced_head` — the draft model's output layer over a subset of the vocabulary
+- :mod:`.batch`, :mod:`.gate` — draft lengths planned across streams, and whether
+  speculating beats plain batching now
+- :mod:`.suffix` — earlier requests' tokens, as n-gram drafts
+- :mod:`.cross_vocab` — drafting with a draft of another vocabulary
 
 An Engine's drafters, the costs they share and each generation's speculation are the runtime's
 (:mod:`edgespec.engine.drafting`): this package never imports the runtime.
