@@ -9,7 +9,8 @@ in llama.cpp.
 Large vocabularies (Gemma: 262,144 entries, 1 MiB per row) make careless numpy costly, so the
 cut-offs are applied before anything is normalised and work stays in float32 on the full row:
 top-k uses an exact two-stage selection (a strided subsample gives a threshold that every
-top-k entry must clear), and a distribution is stored on its support only.
+top-k entry must clear), and a distribution is stored on its support only. A verify pass's
+rows are warped together (:func:`warp_rows`), to the same bits, into a :class:`DistTable`.
 """
 
 from __future__ import annotations
@@ -95,7 +96,11 @@ def keyed_uniforms(seed: int, position: int, ids: np.ndarray) -> np.ndarray:
     """Uniform numbers in (0, 1), one per token id, that depend only on (``seed``,
     ``position``, id): a counter-based hash (splitmix64), so only the candidates that survive
     the samplers need one, and the draft and the target draw on the same noise."""
-    key = np.uint64(_mix(_mix(seed & _MASK64) ^ (position & _MASK64)))
+    return _hashed(ids, np.uint64(_mix(_mix(seed & _MASK64) ^ (position & _MASK64))))
+
+
+def _hashed(ids: np.ndarray, key) -> np.ndarray:
+    """splitmix64 of each id under ``key`` (broadcast), as a uniform number in (0, 1)."""
     z = (np.asarray(ids, dtype=np.int64).astype(np.uint64) ^ key) + np.uint64(0x9E3779B97F4A7C15)
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
@@ -247,6 +252,132 @@ def warp(logits: np.ndarray, params: SamplingParams, history: Sequence[int] = ()
                        dtype=np.float32).astype(np.float64)
         return Dist(None, probs / probs.sum())
     return Dist(ids.astype(np.int64, copy=False), _softmax(vals / params.temperature))
+
+
+class DistTable:
+    """Distributions over the same vocabulary as arrays, one per row: row ``r`` is ``Dist(ids[r,
+    :size[r]], probs[r, :size[r]])`` (entries past ``size`` hold id -1 and probability 0), or,
+    with ``ids`` None, ``Dist(None, probs[r])``."""
+
+    __slots__ = ("ids", "probs", "size")
+
+    def __init__(self, ids: np.ndarray | None, probs: np.ndarray, size: np.ndarray | None):
+        self.ids, self.probs, self.size = ids, probs, size
+
+    def dist(self, r: int) -> Dist:
+        if self.ids is None:
+            return Dist(None, self.probs[r])
+        c = int(self.size[r])
+        return Dist(self.ids[r, :c], self.probs[r, :c])
+
+    def probs_at(self, tokens: Sequence[int]) -> list[float]:
+        """Row ``r``'s probability of ``tokens[r]``, for ``r < len(tokens)`` (Dist.prob's)."""
+        t = np.asarray(tokens, dtype=np.int64)
+        if self.ids is None:
+            inside = (t >= 0) & (t < self.probs.shape[1])
+            at = self.probs[np.arange(t.size), np.where(inside, t, 0)]
+            return np.where(inside, at, 0.0).tolist()
+        hit = self.ids[:t.size] == t[:, None]
+        return np.where(hit, self.probs[:t.size], 0.0).max(axis=1, initial=0.0).tolist()
+
+    def sample_keyed(self, seed: int, start: int) -> list[int]:
+        """Every row's :meth:`Dist.sample_keyed`, row ``r`` at position ``start + r``."""
+        n_rows = self.probs.shape[0]
+        ids = (np.broadcast_to(np.arange(self.probs.shape[1]), self.probs.shape)
+               if self.ids is None else self.ids)
+        keys = np.array([_mix(_mix(seed & _MASK64) ^ ((start + r) & _MASK64))
+                         for r in range(n_rows)], dtype=np.uint64)
+        with np.errstate(divide="ignore"):      # p = 0 (and padding): never drawn
+            race = -np.log(_hashed(ids, keys[:, None])) / self.probs
+        return ids[np.arange(n_rows), np.argmin(race, axis=1)].tolist()
+
+
+_GROUP = 64     # entries per group in warp_rows' top-k search
+# Dense rows (no cut-off) are warped together only while they fit in a cache: past that every
+# step of the warp streams all of them through memory, where one row at a time stays cached.
+_DENSE_TOGETHER = 1 << 16
+
+
+def _top_k_rows(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each row's ``k`` largest logits, sorted descending, and their ids, shape ``(R, k)``, and
+    whether the row has a single answer: False where equal logits make the choice or its order
+    depend on how it is made (top_k_ids's partition; :func:`warp` then decides).
+
+    Entries ``j, j + g, j + 2g, …`` (``g = n // _GROUP``) of a row form group ``j``. The k
+    groups with the largest maxima (and the ``n mod _GROUP`` entries past the groups) hold k
+    entries at least as large as any other group's maximum, so when the k-th largest of them
+    is above every other group's maximum, they hold the row's top k: one pass over the rows
+    (the groups' maxima, read contiguously), then ``k · _GROUP`` candidates per row."""
+    n_rows, n = logits.shape
+    g = n // _GROUP
+    rr = np.arange(n_rows)[:, None]
+    body = logits[:, :g * _GROUP].reshape(n_rows, _GROUP, g)
+    gmax = body.max(axis=1)
+    top = np.argpartition(gmax, g - k, axis=1)[:, g - k:]
+    gmax[rr, top] = -np.inf
+    others = gmax.max(axis=1)                   # the largest maximum of the other groups
+    cand = body[rr, :, top].reshape(n_rows, k * _GROUP)
+    if n > g * _GROUP:
+        cand = np.concatenate([cand, logits[:, g * _GROUP:]], axis=1)
+    m = cand.shape[1]
+    sel = np.argpartition(cand, m - k, axis=1)[:, m - k:]
+    vals = cand[rr, sel]
+    cand[rr, sel] = -np.inf
+    others = np.maximum(others, cand.max(axis=1))   # … and of the other candidates
+    order = np.argsort(-vals, axis=1, kind="stable")
+    vals, sel = vals[rr, order], sel[rr, order]
+    group, member = np.divmod(sel, _GROUP)
+    ids = top[rr, np.minimum(group, k - 1)] + g * member
+    if m > k * _GROUP:                          # the entries past the groups
+        ids = np.where(sel < k * _GROUP, ids, sel + (g - k) * _GROUP)
+    single = (vals[:, -1] > others) & (vals[:, :-1] > vals[:, 1:]).all(axis=1)
+    single &= np.isfinite(vals[:, 0]) & np.isfinite(vals[:, -1])
+    return ids, vals, single
+
+
+def warp_rows(logits: np.ndarray, params: SamplingParams) -> DistTable | None:
+    """``[warp(row, params) for row in logits]`` (no penalty, no grammar mask) as one
+    :class:`DistTable`, the same distributions to the last bit, numpy working on all the rows
+    at once; None where ``params`` take a path this does not cover (greedy, top-p or min-p
+    without top-k, a top-k of at least ``n_vocab / 64``, dense rows too large to warp together
+    faster): warp each row instead."""
+    n_rows, n = logits.shape
+    k = params.top_k
+    if params.greedy or n_rows == 0:
+        return None
+    if not 0 < k < n:
+        if params.top_p < 1.0 or params.min_p > 0.0 or n_rows * n > _DENSE_TOGETHER:
+            return None
+        e = np.exp((logits - logits.max(axis=1, keepdims=True)) / np.float32(params.temperature),
+                   dtype=np.float32).astype(np.float64)
+        return DistTable(None, e / e.sum(axis=1, keepdims=True), None)
+    if n // _GROUP <= k:
+        return None
+    ids, vals, single = _top_k_rows(logits, k)
+    keep = np.full(n_rows, k)
+    x = vals.astype(np.float64)
+    if params.top_p < 1.0:          # as _top_p_prefix: the nucleus of the k
+        e = np.exp(x - x[:, :1])
+        cum = np.cumsum(e / e.sum(axis=1, keepdims=True), axis=1)
+        keep = np.minimum((cum < params.top_p).sum(axis=1) + 1, k)
+    if params.min_p > 0.0:          # the cut compared in float32, as warp's is
+        cut = (x[:, 0] + float(np.log(params.min_p))).astype(np.float32)
+        keep = np.minimum(keep, (vals >= cut[:, None]).sum(axis=1))
+    z = (vals / params.temperature).astype(np.float64)
+    e = np.exp(z - z[:, :1])
+    past = np.arange(k) >= keep[:, None]
+    e[past] = 0.0
+    ids[past] = -1
+    # each row's normaliser summed over its own kept entries, as warp's (numpy's pairwise
+    # sum depends on the length)
+    total = np.array([e[r, :c].sum() for r, c in enumerate(keep.tolist())])
+    table = DistTable(ids, e / total[:, None], keep)
+    for r in np.flatnonzero(~single).tolist():
+        d = warp(logits[r], params)
+        c = d.probs.size
+        table.ids[r], table.probs[r], table.size[r] = -1, 0.0, c
+        table.ids[r, :c], table.probs[r, :c] = d.ids, d.probs
+    return table
 
 
 def log_probs(logits: np.ndarray, token: int, top_n: int = 0) -> tuple[float, list]:

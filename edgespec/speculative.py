@@ -34,8 +34,9 @@ import numpy as np
 from .config import VERIFIERS, SamplingParams
 from .drafting import Draft, Drafter
 from .lm import LanguageModel
-from .sampling import log_probs, masked_argmax, warp
-from .verify import speculative_sampling, verify_block, verify_greedy, verify_keyed
+from .sampling import log_probs, masked_argmax
+from .verify import (TargetRows, speculative_sampling, verify_block, verify_greedy,
+                     verify_keyed)
 
 if TYPE_CHECKING:
     from .constraints import GrammarState
@@ -184,11 +185,11 @@ def decode(target: LanguageModel, context: list[int], *, params: SamplingParams,
                                      [masked_argmax(rows[i], masks[i]) for i in range(K + 1)])
             else:
                 tail = context[-params.repeat_last_n:] if params.uses_penalty else []
-                # p(i): the target's warped row i of this round (called within the round)
-                p = lambda i: warp(rows[i], params, tail + x[:i], masks[i])  # noqa: E731, B023
+                # p(i): the target's warped row i of this round (all of them warped at once
+                # unless a penalty or a grammar makes each row's warp its own)
+                p = TargetRows(rows, params, tail, x, masks if constraint is not None else None)
                 if keyed:
-                    n, t = verify_keyed(x, p, lambda d, i: d.sample_keyed(params.seed,
-                                                                        len(context) + i))
+                    n, t = verify_keyed(x, p, params.seed, len(context))
                 elif verifier == "block":
                     n, t = verify_block(x, q, p, rng, n_vocab)
                 else:

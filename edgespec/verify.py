@@ -10,6 +10,11 @@ Unseeded sampling has two lossless rules: token-wise rejection sampling
 Mendlovic, Leviathan, Aharoni, Ro, Beirami & Suresh, "Block Verification Accelerates
 Speculative Decoding", ICLR 2025, Algorithm 2), which decides on the draft as a whole and
 accepts at least as many tokens in expectation.
+
+The loop hands the rules its target rows as :class:`TargetRows`, which warps all of them at once
+(:func:`~edgespec.sampling.warp_rows`) and holds them as arrays, so that every ``p_i(x_i)`` is
+one lookup over the rows and the keyed samples one race over them; the rules also accept any
+``p(i)`` callable, whose rows they ask for one at a time, only as far as they need.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .sampling import Dist
+from .config import SamplingParams
+from .sampling import Dist, DistTable, warp, warp_rows
 
 
 def verify_greedy(x: Sequence[int], target_argmax: Sequence[int]) -> tuple[int, int]:
@@ -36,6 +42,45 @@ def verify_greedy(x: Sequence[int], target_argmax: Sequence[int]) -> tuple[int, 
     return n, int(target_argmax[n])
 
 
+class TargetRows:
+    """``p(i)`` of one verify pass: the target's row ``i`` warped as the draft's rows were,
+    ``warp(logits[i], params, history + x[:i], masks[i])``, each computed once. Without a
+    penalty or a grammar mask (``masks`` None) the rows are warped together when first needed
+    and :attr:`table` holds them; otherwise (and for the single row of a plain round over a
+    vocabulary under 2^17 entries, which numpy warps faster alone) ``table`` is None and each
+    row is warped when first asked for."""
+
+    def __init__(self, logits: np.ndarray, params: SamplingParams, history: list[int],
+                 x: list[int], masks: Sequence[np.ndarray | None] | None = None):
+        self.logits, self.params, self.history, self.x, self.masks = (
+            logits, params, history, x, masks)
+        self.rows: dict[int, Dist] = {}
+        self._table: DistTable | None = None
+        self._together = masks is None and not params.uses_penalty and (
+            len(logits) > 1 or logits.shape[1] >= 1 << 17)
+
+    @property
+    def table(self) -> DistTable | None:
+        if self._together and self._table is None:
+            self._table = warp_rows(self.logits, self.params)
+            self._together = self._table is not None
+        return self._table
+
+    def __call__(self, i: int) -> Dist:
+        d = self.rows.get(i)
+        if d is None:
+            table = self.table
+            d = self.rows[i] = table.dist(i) if table is not None else warp(
+                self.logits[i], self.params, self.history + self.x[:i],
+                self.masks[i] if self.masks is not None else None)
+        return d
+
+
+def _table(p: Callable[[int], Dist]) -> DistTable | None:
+    """p's rows as arrays, when p has them (:class:`TargetRows`)."""
+    return getattr(p, "table", None)
+
+
 def speculative_sampling(x: Sequence[int], q: Sequence[Dist], p: Callable[[int], Dist],
                          rng: np.random.Generator, n_vocab: int) -> tuple[int, int]:
     """Algorithm 1 of Leviathan et al. (2023): rejection sampling of a draft.
@@ -51,21 +96,23 @@ def speculative_sampling(x: Sequence[int], q: Sequence[Dist], p: Callable[[int],
     sampling from the target alone.
     """
     K = len(x)
+    table = _table(p)
+    p_x = table.probs_at(x) if table is not None else None
     for i in range(K):
-        p_i, q_i = p(i), q[i]
-        q_x = q_i.prob(x[i])
+        p_i = p(i) if p_x is None else None
+        q_x = q[i].prob(x[i])
         if q_x <= 0.0:
             raise ValueError(f"draft token {x[i]} has q = 0: it cannot have been drawn from q")
         r = rng.random()
-        if r < p_i.prob(x[i]) / q_x:
+        if r < (p_i.prob(x[i]) if p_i is not None else p_x[i]) / q_x:
             continue
         # Rejected: resample from the part of p that q under-covers.
-        return i, residual(p_i, q_i).sample(rng)
+        return i, residual(p_i if p_i is not None else p(i), q[i]).sample(rng)
     return K, p(K).sample(rng)
 
 
-def verify_keyed(x: Sequence[int], p: Callable[[int], Dist],
-                 draw: Callable[[Dist, int], int]) -> tuple[int, int]:
+def verify_keyed(x: Sequence[int], p: Callable[[int], Dist], seed: int,
+                 start: int) -> tuple[int, int]:
     """Seeded sampling with noise keyed by position (:meth:`~edgespec.sampling.Dist.
     sample_keyed`): the target's own sample at each position is a function of its p and the
     position's noise, and the draft drew its x with the same noise, so a draft token is
@@ -73,14 +120,18 @@ def verify_keyed(x: Sequence[int], p: Callable[[int], Dist],
     sample is emitted. Every position is an exact sample from p (lossless by construction)
     and the output for a seed does not depend on the drafts.
 
-    ``p(i)`` as in :func:`speculative_sampling`; ``draw(p_i, i)`` the keyed sample of row
-    ``i``. Returns ``(n, t)`` like the other rules.
+    ``p(i)`` as in :func:`speculative_sampling`; row ``i``'s noise is keyed by (``seed``,
+    ``start + i``), ``start`` being the position of the first draft token. Returns ``(n, t)``
+    like the other rules.
     """
-    for i, xi in enumerate(x):
-        t = draw(p(i), i)
-        if t != xi:
+    table = _table(p)
+    drawn = table.sample_keyed(seed, start) if table is not None else None
+    i = 0
+    while True:
+        t = drawn[i] if drawn is not None else p(i).sample_keyed(seed, start + i)
+        if i == len(x) or t != x[i]:
             return i, t
-    return len(x), draw(p(len(x)), len(x))
+        i += 1
 
 
 def _on_support(p: Dist, q: Dist) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
@@ -153,7 +204,7 @@ class _Block:
     """Block verification's quantities for one draft, each computed when first asked for.
 
     Weights (1-based like the paper): ``w_0 = 1``, ``w_i = min(1, w_{i-1} · p_i(x_i) /
-    q_i(x_i))``; they need rows ``0..K-1`` of p, all warped up front (the bonus row ``K``
+    q_i(x_i))``; they need rows ``0..K-1`` of p, all asked for up front (the bonus row ``K``
     only when the whole draft is accepted), except after a draft token the target excludes
     (``p_i(x_i) = 0``): every later weight is 0 and those rows are never asked for."""
 
@@ -163,15 +214,22 @@ class _Block:
         for xi, qi in zip(x, q_x):
             if qi <= 0.0:
                 raise ValueError(f"draft token {xi} has q = 0: it cannot have been drawn from q")
-        self.rows = [p(0)]
+        table = _table(p)
+        p_x = table.probs_at(x) if table is not None else None
+        self.rows: list[Dist] = []
         self.w = [1.0]
         for i in range(self.K):
-            w_i = min(1.0, self.w[i] * self.rows[i].prob(x[i]) / q_x[i])
+            p_xi = self.row(i).prob(x[i]) if p_x is None else p_x[i]
+            w_i = min(1.0, self.w[i] * p_xi / q_x[i])
             self.w.append(w_i)
             if w_i <= 0.0:          # no longer prefix can pass
                 break
-            if i + 1 < self.K:
-                self.rows.append(p(i + 1))
+
+    def row(self, i: int) -> Dist:
+        """p's row ``i``, the rows before it asked for first (in order)."""
+        while len(self.rows) <= i:
+            self.rows.append(self.p(len(self.rows)))
+        return self.rows[i]
 
     def weight(self, i: int) -> float:
         return self.w[i] if i < len(self.w) else 0.0
@@ -184,18 +242,16 @@ class _Block:
         w_i = self.weight(i)
         if i == self.K or w_i <= 0.0 or w_i >= 1.0:
             return w_i
-        r_i = _residual_mass(self.rows[i], self.q[i], w_i)
+        r_i = _residual_mass(self.row(i), self.q[i], w_i)
         return r_i / (r_i + (1.0 - w_i))
 
     def correction(self, tau: int) -> Dist:
         """The token after an accepted prefix of ``tau`` drafts: ``p_{K+1}`` (the bonus) when
         ``tau == K``, else ``normalize(max(0, w_τ · p_{τ+1} − q_{τ+1}))`` (``w_0 = 1``:
         Algorithm 1's residual)."""
-        while len(self.rows) <= tau:    # the bonus row, or rows past a cut (probability 0)
-            self.rows.append(self.p(len(self.rows)))
         if tau == self.K:
-            return self.rows[tau]
-        return residual(self.rows[tau], self.q[tau], self.weight(tau))
+            return self.row(tau)
+        return residual(self.row(tau), self.q[tau], self.weight(tau))
 
 
 def block_thresholds(x: Sequence[int], q: Sequence[Dist], p: Callable[[int], Dist]
