@@ -32,15 +32,18 @@ from test_real_models import NEAR_TIE, check_greedy_equivalent
 GREEDY = SamplingParams(temperature=0.0)
 
 
-def run_interleaved(runs: int = N_RUNS) -> tuple[np.ndarray, MarkovContext]:
+def run_interleaved(runs: int = N_RUNS, turns: bool = False) -> tuple[np.ndarray, MarkovContext]:
     """Stream 0 samples at T = 1 with K = 4 drafts (``runs`` answers of N_NEW tokens, the ones
     checked); stream 1 decodes greedily with K = 2; stream 2 samples seeded at T = 0.6 with an
-    adaptive drafter planned with the others'. Streams 1 and 2 go on until stream 0 is done."""
+    adaptive drafter planned with the others'. Streams 1 and 2 go on until stream 0 is done.
+    ``turns``: the streams take turns (engine/rounds.py), one stream's round per pass."""
     costs = Costs({1: 1.0, 2: 1.1, 9: 1.8}, 0.05)
     target = MarkovContext(MAIN.target, n_seq=3)
     draft = MarkovContext(MAIN.draft, n_seq=3)
     lanes = Lanes(target, draft, None, 3, plan=lambda asks: plan_round(
         asks, BatchCosts(costs.bare, 0.0, lambda b: 0.05 + 0.01 * (np.asarray(b) - 1))))
+    if turns:
+        lanes.rounds.turns = lambda: True
     done = threading.Event()
     out = np.zeros((runs, N_NEW), dtype=np.int64)
     errors: list[BaseException] = []
@@ -92,6 +95,13 @@ def run_interleaved(runs: int = N_RUNS) -> tuple[np.ndarray, MarkovContext]:
 def test_a_stream_among_others_keeps_the_targets_distribution():
     seqs, target = run_interleaved()
     assert target.parts > 2.5 * target.calls         # the three streams shared their passes
+    check_matches_plain(seqs)
+
+
+@pytest.mark.slow
+def test_a_stream_taking_turns_with_others_keeps_the_targets_distribution():
+    seqs, target = run_interleaved(turns=True)
+    assert target.parts == target.calls              # one stream's rows a pass
     check_matches_plain(seqs)
 
 
@@ -185,6 +195,63 @@ def test_while_the_batch_gate_says_plain_the_streams_draft_nothing(eng, monkeypa
         assert batched[p].stats.drafted == 0
         check_greedy_equivalent(smollm2_f32_path, eng.prompt_tokens(p, raw=True),
                                 alone[p].tokens, batched[p].tokens, NEAR_TIE)
+
+
+def test_while_the_streams_take_turns_each_pass_is_one_streams_and_answers_are_alone(
+        eng, monkeypatch, smollm2_f32_path):
+    """When sharing passes measures slower than running the streams in turn (drafting/
+    gate.py), the rounds serve one stream at a time (engine/rounds.py): every decoding pass
+    holds one stream's rows, each stream drafts as it would alone, and the answers are each
+    alone's."""
+    alone = {p: eng.generate(p, raw=True, max_tokens=32, sampling=GREEDY) for p in PROMPTS}
+    gate, rounds = eng._drafting.gate, eng.lanes.rounds
+    monkeypatch.setattr(gate, "regime", "turns")
+    monkeypatch.setattr(gate, "_roll", lambda n: None)      # (held there for the test)
+    assert rounds.turns == gate.turns        # (the rounds ask the gate)
+    streams_per_pass = []
+    run = rounds._run
+
+    def watched(model, group):
+        if not any(r.member.prompting for r in group):
+            streams_per_pass.append(len({r.member for r in group}))
+        return run(model, group)
+    monkeypatch.setattr(rounds, "_run", watched)
+    batched = together(eng, GREEDY, 32)
+    assert streams_per_pass and set(streams_per_pass) == {1}
+    assert all(batched[p].stats.drafted > 0 for p in PROMPTS)
+    for p in PROMPTS:
+        check_greedy_equivalent(smollm2_f32_path, eng.prompt_tokens(p, raw=True),
+                                alone[p].tokens, batched[p].tokens, NEAR_TIE)
+
+
+def test_blas_runs_on_one_thread_while_an_engine_is_open(eng):
+    """numpy's BLAS threads spin after a product on the cores llama.cpp's threads need
+    (engine/threads.py): held to one while an Engine is open, and given back its count when
+    the last one closes (the real library, through threadpoolctl)."""
+    from threadpoolctl import threadpool_info
+
+    from edgespec.drafting.reduced_head import OneThreadBlas
+    from edgespec.engine.threads import BlasOnOneThread
+    blas = [i for i in threadpool_info() if i["user_api"] == "blas"]
+    assert blas and all(i["num_threads"] == 1 for i in blas)
+    libs = OneThreadBlas.libraries()
+    assert libs
+    holders, before = BlasOnOneThread._holders, BlasOnOneThread._before
+    try:
+        # As if no Engine were open, with a count of 2: two engines open, then closed.
+        BlasOnOneThread._holders, BlasOnOneThread._before = 0, []
+        for lib in libs:
+            lib.set_num_threads(2)
+        BlasOnOneThread.acquire()
+        BlasOnOneThread.acquire()
+        BlasOnOneThread.release()
+        assert [lib.get_num_threads() for lib in libs] == [1] * len(libs)
+        BlasOnOneThread.release()
+        assert [lib.get_num_threads() for lib in libs] == [2] * len(libs)
+    finally:
+        BlasOnOneThread._holders, BlasOnOneThread._before = holders, before
+        for lib in libs:
+            lib.set_num_threads(1)
 
 
 def test_seeded_answers_batched_equal_each_alone(eng):

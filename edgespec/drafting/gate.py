@@ -17,7 +17,16 @@ that many streams (a decayed mean). The gate keeps the regime that measured bett
 re-measures the other now and then, less and less often while it keeps losing (1 phase in 2,
 4, … 32), so that the cost of looking is a small share of the difference. A phase during
 which a stream joined, left or had its prompt evaluated is not counted. One stream alone is
-never gated: its own policy decides exactly as before.
+never gated: its own policy decides exactly as before (and its rate is measured the same way).
+
+A third regime is the reference a batch must beat: the streams *take turns*
+(:attr:`~edgespec.engine.rounds.Rounds.turns`), each round one stream's alone (planned, drafted
+and verified as if it were the only one), the turn passing at each target pass. Its
+throughput is that of the same requests one after another (with every first token early),
+so when neither way of sharing passes beats it, as on a CPU whose cores the target's pass
+already fills, the batch still never loses to running the streams in turn. It is judged by
+the rate measured while a stream ran alone (the server's own one-after-another throughput),
+and explored only before one did.
 """
 
 from __future__ import annotations
@@ -31,7 +40,8 @@ import numpy as np
 
 from .base import Draft
 
-SPEC, PLAIN = "spec", "plain"
+SPEC, PLAIN, TURNS = "spec", "plain", "turns"
+REGIMES = (SPEC, PLAIN, TURNS)
 MIN_PASSES = 6          # target passes a phase lasts at least
 MIN_SECONDS = 0.2       # and seconds
 MAX_INTERVAL = 32       # the losing regime is measured again at least once in this many phases
@@ -64,8 +74,8 @@ class BatchGate:
         self.min_passes, self.min_seconds = min_passes, min_seconds
         self._lock = threading.Lock()
         self.figures: dict[tuple[int, str], _Figure] = {}
-        self._interval: dict[int, int] = {}     # phases between two looks at the loser
-        self._since: dict[int, int] = {}        # phases since the last look
+        self._interval: dict[tuple[int, str], int] = {}   # phases between looks at a loser
+        self._since: dict[tuple[int, str], int] = {}      # phases since the last look
         self.regime = SPEC
         self._phase: Optional[tuple[int, float, int]] = None   # (streams, start, prompts)
         self._passes = 0
@@ -78,12 +88,16 @@ class BatchGate:
     def drafts(self) -> bool:
         """Whether a stream's next round may draft."""
         n = self._streams()
-        if n <= 1:
+        if n < 1:
             return True
         with self._lock:
             self._roll(n)
             self._asked = True
-            return self.regime == SPEC
+            return n == 1 or self.regime != PLAIN
+
+    def turns(self) -> bool:
+        """Whether the streams take turns now (one stream's round per pass)."""
+        return self._streams() > 1 and self.regime == TURNS
 
     def passed(self) -> None:
         """A decoding pass of the target went by."""
@@ -102,8 +116,23 @@ class BatchGate:
         self._passes, self._tokens0 = 0, self._committed()
         self._asked = False     # whether a stream that may draft asked during the phase
 
+    def lone(self) -> Optional[float]:
+        """A stream alone's committed tokens per second (measured whenever one runs alone),
+        or None before any: what the streams get taking turns."""
+        f = self.figures.get((1, SPEC))
+        return f.rate if f is not None and f.phases else None
+
+    def _rate(self, n: int, regime: str) -> Optional[float]:
+        """The figure ``regime`` is judged by at ``n`` streams (None: never measured). Taking
+        turns is judged by the streams' rate alone, when known: each of its rounds is a lone
+        stream's (its own phases start and end mid-turn, and measure it low)."""
+        if regime == TURNS and self.lone() is not None:
+            return self.lone()
+        f = self.figure(n, regime)
+        return f.rate if f.phases else None
+
     def _roll(self, n: int) -> None:
-        if n <= 1:
+        if n < 1:
             self._phase = None
             return
         if self._phase is None or self._phase[0] != n or self._phase[2] != self._prompts():
@@ -123,27 +152,45 @@ class BatchGate:
         self._start(n, self._next(n))
 
     def _best(self, n: int) -> str:
-        spec, plain = self.figure(n, SPEC), self.figure(n, PLAIN)
-        if not spec.phases or not plain.phases:
-            return SPEC if not spec.phases else PLAIN
-        return SPEC if spec.rate >= plain.rate else PLAIN
+        """The regime that measured fastest at ``n`` streams (one never measured first; a
+        stream alone is never gated)."""
+        if n == 1:
+            return SPEC
+        rates = {r: self._rate(n, r) for r in REGIMES}
+        fresh = [r for r in REGIMES if rates[r] is None]
+        if fresh:
+            return fresh[0]
+        return max(REGIMES, key=lambda r: rates[r])
 
     def _next(self, n: int) -> str:
-        """The regime of the next phase: the better one, or now and then the other."""
+        """The regime of the next phase: the best one, or now and then a loser, each loser
+        less often while it keeps losing."""
         best = self._best(n)
-        other = PLAIN if best == SPEC else SPEC
-        if self._exploring:
-            # The phase just ended looked at the loser: look less often while it keeps losing.
-            self._exploring = False
-            lost = self.regime != best
-            self._interval[n] = min(MAX_INTERVAL, 2 * self._interval.get(n, 1)) if lost else 2
-            self._since[n] = 0
+        if n == 1:
             return best
-        self._since[n] = self._since.get(n, 0) + 1
-        if not self.figure(n, other).phases or \
-                self._since[n] >= self._interval.setdefault(n, 2):
+        if self._exploring:
+            # The phase just ended looked at a loser: look less often while it keeps losing.
+            self._exploring = False
+            key = (n, self.regime)
+            lost = self.regime != best
+            self._interval[key] = min(MAX_INTERVAL, 2 * self._interval.get(key, 1)) \
+                if lost else 2
+            self._since[key] = 0
+            return best
+        if self.regime != best:
+            return best     # (a loser measured in its turn, now behind: back to the best)
+        due = None
+        for r in REGIMES:
+            if r == best or (r == TURNS and self.lone() is not None):
+                continue
+            key = (n, r)
+            self._since[key] = self._since.get(key, 0) + 1
+            if not self.figure(n, r).phases or \
+                    self._since[key] >= self._interval.setdefault(key, 2):
+                due = due or r
+        if due is not None:
             self._exploring = True
-            return other
+            return due
         return best
 
 

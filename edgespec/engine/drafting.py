@@ -169,8 +169,13 @@ class EngineDrafting:
             self.costs.position = lanes.mean_context
         if self.parallel > 1:
             rounds = lanes.rounds
-            self.gate = BatchGate(lambda: rounds.size, lambda: rounds.prompt_passes,
+            # (a stream joining starts a phase afresh, as a prompt's pass does: a lone
+            # stream's phase must not span the wait for the next request)
+            self.gate = BatchGate(lambda: rounds.size,
+                                  lambda: rounds.prompt_passes + rounds.joins,
                                   lambda: rounds.committed)
+            if self.spec.is_adaptive:       # (a pinned length is the user's: always shared)
+                rounds.turns = self.gate.turns
 
     def observe_pass(self, target: bool, rows: int, seconds: float, context: int) -> None:
         """A pass over several streams (:mod:`edgespec.engine.rounds`): the target's, of ``rows``

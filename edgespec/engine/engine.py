@@ -43,7 +43,7 @@ from .prompting import Prompter
 from .request import GenerationRequest, Prompt
 from ..results import Generation
 from .streams import AsyncStream, Job, Stream
-from .threads import EngineThreads
+from .threads import BlasOnOneThread, EngineThreads
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,7 @@ class Engine:
         self._embedder = Embedder.sharing(target)
         self._closed = False
         _open_engines.add(self)
+        BlasOnOneThread.acquire()
 
     # -- construction ---------------------------------------------------------------------
 
@@ -352,6 +353,7 @@ class Engine:
         for job in self.lanes.close():
             job.close()
         self.lanes.wait_idle()
+        self.lanes.rounds.close()
         # Refined costs are kept for the next session when they describe every thread: each
         # governor has run its last steps at its full count (the costs' moving averages have
         # forgotten a spell on fewer threads by then).
@@ -365,6 +367,7 @@ class Engine:
             self.target.close()
         release_free_heap()
         _open_engines.discard(self)
+        BlasOnOneThread.release()
 
     def __enter__(self) -> "Engine":
         return self

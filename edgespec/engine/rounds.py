@@ -13,11 +13,24 @@ drafts), then the draft model's steps, then the target's pass: the drafting stre
 their drafts before the target's pass, which then holds every stream's verify rows, plain rows
 and prompt chunks.
 
+While the streams *take turns* (``turns()``: the batch gate measured that sharing passes
+loses to running them one after another, :mod:`edgespec.drafting.gate`), a pass serves one
+member only: the one whose turn it is plans alone, drafts and has its verify pass, and the
+turn goes to the next member with a request; prompts still go first. Each stream's rounds
+are then those it would run alone, so the streams together go as fast as one after another,
+and none waits for another's whole answer for its first token.
+
 A stream whose reader is away (between two tokens, or not reading) is *parked*: it holds no
 one up, except for a short ``grace`` right after it parked, so that a reader that is only
 moving its token along (a server writing it to a socket) joins the same pass. Only one pass
 is in flight at a time (the CPU's cores are one resource). A member that leaves, or is
 cancelled while it waits, lets the others go on at once.
+
+Every pass runs on one thread of the rounds' own, whichever stream's thread served it:
+llama.cpp's CPU backend computes a pass with an OpenMP team that belongs to the thread that
+calls it, and each team's threads spin for a while after their pass. Passes called from
+several streams' threads in turn had two teams spinning against each other on the cores:
+every pass took twice as long (Gemma 270M on 2 cores: a draft step 19 ms instead of 9).
 
 The rows a pass returns are views of llama.cpp's buffer, valid until that model's next pass,
 which cannot start before every member is waiting again, i.e. done with its rows.
@@ -27,6 +40,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
@@ -74,17 +88,23 @@ class Rounds:
         self._on_pass = on_pass
         self.grace = grace
         self._cond = threading.Condition()
-        self._members: set[Member] = set()
+        self._members: dict[Member, None] = {}     # (ordered: the order turns go in)
+        # Whether the streams take turns now (the batch gate's regime); whose turn it is.
+        self.turns: Callable[[], bool] = lambda: False
+        self._turn: Optional[Member] = None
+        self._turn_over = False
         self._queue: list[_Request] = []
         self._busy = False
         self.passes = 0                 # llama_decode calls made for several members
         self.prompt_passes = 0          # passes that held a prompt's tokens
+        self.joins = 0                  # streams that joined
         # Tokens the streams committed, counted at the target's decoding passes: a stream's
         # pass starts where its last one committed (its cache holds its context but the
         # last token), so the difference between two starts is what that round committed.
         self.committed = 0
         self._starts: dict = {}         # sequence -> where its last decoding pass started
         self.rows_per_pass: list[int] = []
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="edgespec-pass")
 
     # -- membership -----------------------------------------------------------------------
 
@@ -92,11 +112,14 @@ class Rounds:
         """``member``'s stream decodes from now on (it computes until it waits or parks)."""
         with self._cond:
             member.state = RUNNING
-            self._members.add(member)
+            self._members[member] = None
+            self.joins += 1
 
     def leave(self, member: Member) -> None:
         with self._cond:
-            self._members.discard(member)
+            self._members.pop(member, None)
+            if self._turn is member:
+                self._turn = None
             self._queue = [r for r in self._queue if r.member is not member]
             self._cond.notify_all()
 
@@ -110,6 +133,10 @@ class Rounds:
         with self._cond:
             member.state, member.since = PARKED, time.monotonic()
             self._cond.notify_all()
+
+    def close(self) -> None:
+        """End the passes' thread (no member may be left)."""
+        self._worker.shutdown(wait=True)
 
     def wake(self) -> None:
         """Let waiting members look at their cancel flags again."""
@@ -176,36 +203,63 @@ class Rounds:
     def _fire(self) -> None:
         """Serve one group of waiting requests (called holding the lock; the pass itself runs
         without it)."""
-        plans = [r for r in self._queue if r.model == "plan"]
+        queue = self._queue
+        if self.turns() and len(self._members) > 1:
+            queue = self._turn_queue()
+        plans = [r for r in queue if r.model == "plan"]
         if plans:
             asks = [r.part[0] for r in plans]
             ks = self._plan(asks) if self._plan is not None else asks
             for r, k in zip(plans, ks):
                 r.result, r.done = k, True
                 r.member.state = RUNNING        # it computes from here, before it wakes
-            self._queue = [r for r in self._queue if r.model != "plan"]
+            self._queue = [r for r in self._queue if r not in plans]
             self._cond.notify_all()
             return
         # A new stream's prompt goes first: its first token waits for no one's drafts.
         prompting = any(r.member.prompting and r.model is self.models[-1] for r in self._queue)
+        if prompting:
+            queue = self._queue         # (with the verify rows that wait, turn or not)
         model = self.models[-1] if prompting else \
-            next(m for m in self.models if any(r.model is m for r in self._queue))
-        group = [r for r in self._queue if r.model is model]
+            next(m for m in self.models if any(r.model is m for r in queue))
+        group = [r for r in queue if r.model is model]
         hidden = [r for r in group if r.hidden]
         group = hidden or group         # a model's tapped and plain passes go apart
         self._queue = [r for r in self._queue if r not in group]
         self._busy = True
         self._cond.release()
         try:
-            self._run(model, group)
+            self._worker.submit(self._run, model, group).result()
         finally:
             self._cond.acquire()
             self._busy = False
+            if model is self.models[-1]:
+                self._pass_turn(group)
             for r in group:
                 # Served: its stream computes from now on, though its thread has yet to
                 # wake; no other pass may fire without its next request.
                 r.done, r.member.state = True, RUNNING
             self._cond.notify_all()
+
+    def _turn_queue(self) -> list[_Request]:
+        """The waiting requests of the member whose turn it is. A turn is one round: it ends
+        when the holder, its target pass done, asks for the next (its work on the last one
+        is then over: no stream's Python runs beside another's passes, which on a CPU would
+        take a core from llama.cpp's threads), or when the holder has no request waiting;
+        then the next member in joining order that has one takes it."""
+        waiting = {r.member for r in self._queue}
+        if self._turn not in waiting or self._turn_over:
+            order = list(self._members)
+            start = order.index(self._turn) + 1 if self._turn in self._members else 0
+            nxt = [m for m in order[start:] + order[:start] if m in waiting]
+            self._turn = nxt[0] if nxt else self._queue[0].member
+            self._turn_over = False
+        return [r for r in self._queue if r.member is self._turn]
+
+    def _pass_turn(self, group: list[_Request]) -> None:
+        """A target pass that held the holder's rows: its turn ends at its next request."""
+        if self._turn is not None and any(r.member is self._turn for r in group):
+            self._turn_over = True
 
     def _run(self, model, group: list[_Request]) -> None:
         context = sum(len(r.part[0].tokens) for r in group) // len(group)

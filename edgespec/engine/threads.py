@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
+from ..drafting.reduced_head import OneThreadBlas
 from ..errors import InvalidParameterError
 from ..cpuload import QUIET, CpuMeter
 
@@ -193,6 +195,42 @@ def govern(target: "LoadedModel", draft: Optional["LoadedModel"], costs=None,
         _attach(model, gov, shaped=name == "target" and costs is not None)
         out[name] = gov
     return out
+
+
+class BlasOnOneThread:
+    """numpy's BLAS held to one thread while any Engine is open (``acquire`` at load,
+    ``release`` at close; the count it had comes back with the last close).
+
+    OpenBLAS's threads keep spinning after a product, on the cores llama.cpp's threads need;
+    the draft head already ran its own products on one thread
+    (:class:`~edgespec.drafting.reduced_head.OneThreadBlas`), but putting the count back after
+    each one left the pool awake for every other product (a verify, another stream's head)
+    to spin it up again. Measured (Gemma 270M pair, 2 cores, two streams taking turns): every
+    pass took 2-7 times as long, a draft step 19-67 ms instead of 9, until the count stayed
+    at one. A host app's own BLAS work runs on one thread while an Engine is open."""
+
+    _lock = threading.Lock()
+    _holders = 0
+    _before: list = []
+
+    @classmethod
+    def acquire(cls) -> None:
+        with cls._lock:
+            cls._holders += 1
+            if cls._holders == 1:
+                libs = OneThreadBlas.libraries()
+                cls._before = [(lib, lib.get_num_threads()) for lib in libs]
+                for lib in libs:
+                    lib.set_num_threads(1)
+
+    @classmethod
+    def release(cls) -> None:
+        with cls._lock:
+            cls._holders = max(0, cls._holders - 1)
+            if cls._holders == 0:
+                for lib, n in cls._before:
+                    lib.set_num_threads(n)
+                cls._before = []
 
 
 class EngineThreads:
