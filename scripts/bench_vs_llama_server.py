@@ -17,91 +17,11 @@ Threads: 2 for every model unless --threads says otherwise.
 from __future__ import annotations
 
 import argparse
-import http.client
-import json
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import threading
-import time
 
 from edgespec.bench.prompts import PROMPT_SETS
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, name: str, cmd: list[str], port: int):
-        self.name, self.port = name, port
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     text=True)
-        self.log: list[str] = []
-        threading.Thread(target=lambda: self.log.extend(self.proc.stderr), daemon=True).start()
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                sys.exit(f"{name} exited:\n" + "".join(self.log[-30:]))
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                conn.request("GET", "/health")
-                if conn.getresponse().status == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.5)
-        self.proc.kill()
-        sys.exit(f"{name} did not start")
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-
-
-def ask(port: int, prompt: str, n: int) -> tuple[int, float, float]:
-    """(tokens, seconds to the first token, seconds in all) of one streamed completion."""
-    body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
-    t0 = time.perf_counter()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    conn.request("POST", "/v1/completions", body=json.dumps(body),
-                 headers={"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    if resp.status != 200:
-        sys.exit(f"port {port}: {resp.status} {resp.read()[:300]!r}")
-    first, tokens = None, 0
-    for line in resp:
-        if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
-            continue
-        event = json.loads(line[6:])
-        if first is None and event.get("choices") and event["choices"][0].get("text"):
-            first = time.perf_counter() - t0
-        if event.get("usage"):
-            tokens = event["usage"]["completion_tokens"]
-    conn.close()
-    return tokens, first or 0.0, time.perf_counter() - t0
-
-
-def at_once(port: int, prompts: list[str], n: int) -> tuple[float, float]:
-    """(aggregate tokens per second, slowest first token)."""
-    out: list = [None] * len(prompts)
-    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, ask(port, prompts[i], n)))
-               for i in range(len(prompts))]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-    return sum(o[0] for o in out) / wall, max(o[1] for o in out)
+from edgespec.bench.serving import Server, ask, at_once, free_port
 
 
 def main() -> None:
@@ -149,7 +69,8 @@ def main() -> None:
                     tag = f"{rep}.{c}.{j}"
                     prompts = [f"({tag}.{i}) {pool[(rep * 5 + i) % len(pool)]}"
                                for i in range(c)]
-                    results[(s.name, c)].append(at_once(s.port, prompts, args.n))
+                    b = at_once(s.port, prompts, args.n)
+                    results[(s.name, c)].append((b.rate, b.slowest_first))
     finally:
         for s in servers:
             s.stop()

@@ -18,7 +18,10 @@ if [ ! -d "$src" ]; then
   tar -xzf ".cache/llama_cpp_python-$ver.tar.gz" -C .cache
   mv ".cache/llama_cpp_python-$ver" "$src"
 fi
+# CMAKE_ARGS as for llama-cpp-python's own build (e.g. the flags without AMX that an AMX
+# machine needs: docs/decisions.md).
+# shellcheck disable=SC2086
 cmake -S "$src/vendor/llama.cpp" -B "$out" -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release \
-      -DLLAMA_BUILD_TESTS=OFF > /dev/null
+      -DLLAMA_BUILD_TESTS=OFF ${CMAKE_ARGS:-} > /dev/null
 cmake --build "$out" --target "${targets[@]}" -j "$(nproc)" > /dev/null
 for t in "${targets[@]}"; do echo "$out/bin/$t"; done
