@@ -7,6 +7,7 @@
 - :mod:`.load` — speed on a busy machine (``--load N``), beside an idle one
 - :mod:`.long_prompts` — time to first token and whole answers over prompt lengths
 - :mod:`.tasks`, :mod:`.task_bench` — task prompts (chat, code edits, summaries) and their run
+- :mod:`.serving` — a server started and asked as a client would (the scripts' HTTP benchmarks)
 
 The peer it compares with (llama-cpp-python's own API) is in ``edgespec.backend.peer``: only
 the backend imports llama.cpp's bindings.
