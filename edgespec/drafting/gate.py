@@ -21,7 +21,8 @@ never gated: its own policy decides exactly as before (and its rate is measured 
 
 A third regime is the reference a batch must beat: the streams *take turns*
 (:attr:`~edgespec.engine.rounds.Rounds.turns`), each round one stream's alone (planned, drafted
-and verified as if it were the only one), the turn passing at each target pass. Its
+and verified as if it were the only one), the turn passing when its holder asks for its
+next round. Its
 throughput is that of the same requests one after another (with every first token early),
 so when neither way of sharing passes beats it, as on a CPU whose cores the target's pass
 already fills, the batch still never loses to running the streams in turn. It is judged by

@@ -15,8 +15,9 @@ and prompt chunks.
 
 While the streams *take turns* (``turns()``: the batch gate measured that sharing passes
 loses to running them one after another, :mod:`edgespec.drafting.gate`), a pass serves one
-member only: the one whose turn it is plans alone, drafts and has its verify pass, and the
-turn goes to the next member with a request; prompts still go first. Each stream's rounds
+member only: the one whose turn it is plans alone, drafts and has its verify pass, and when
+it asks for its next round the turn goes to the next member with a request; prompts still
+go first. Each stream's rounds
 are then those it would run alone, so the streams together go as fast as one after another,
 and none waits for another's whole answer for its first token.
 
@@ -29,8 +30,9 @@ cancelled while it waits, lets the others go on at once.
 Every pass runs on one thread of the rounds' own, whichever stream's thread served it:
 llama.cpp's CPU backend computes a pass with an OpenMP team that belongs to the thread that
 calls it, and each team's threads spin for a while after their pass. Passes called from
-several streams' threads in turn had two teams spinning against each other on the cores:
-every pass took twice as long (Gemma 270M on 2 cores: a draft step 19 ms instead of 9).
+several streams' threads in turn keep several teams on the cores (measured, Gemma 270M pair
+on 2 cores, two streams taking turns, BLAS on one thread: 6.5 s from the streams' threads,
+5.0 s from one pass thread, for what takes 3.5 s one after another).
 
 The rows a pass returns are views of llama.cpp's buffer, valid until that model's next pass,
 which cannot start before every member is waiting again, i.e. done with its rows.
