@@ -49,6 +49,7 @@ VERIFIER = "block"
 TEMPERATURE_MAX = 1e6     # the engine's bound (an API may state a lower one)
 N_CTX = 4096              # context window of each model, in tokens
 N_BATCH = 512             # most tokens per llama.cpp call
+MAX_STREAMS = 64          # most generations one Engine runs at once (sequences)
 MAX_TOKENS = 256          # most tokens per generation (API, `edgespec run`, the server)
 PARALLEL = 4              # generations `edgespec serve` runs at once per model (as slots)
 CHAT_MAX_TOKENS = 1024    # most tokens per answer in `edgespec chat`
@@ -233,8 +234,10 @@ class ModelConfig:
     n_threads: int = field(default_factory=default_threads)
     n_gpu_layers: int = -1
     n_outputs_max: int = N_OUTPUTS_MIN
-    # sequences the context holds (streams decoded together), each with n_ctx positions
+    # sequences the context holds (streams decoded together), each up to n_ctx positions
     n_seq: int = 1
+    # KV cells all sequences share (0: n_ctx for each); at least n_ctx
+    n_cells: int = 0
     verbose: bool = False
     rpc: tuple = ()           # "HOST:PORT" of the RPC workers that hold its layers
     # llama.cpp's extra CPU buffer types (AMX, repacked weights): "auto" checks once that they
@@ -252,8 +255,11 @@ class ModelConfig:
                    valid="an integer >= -1 (-1 = all layers)")
         _check_int("n_outputs_max", self.n_outputs_max, 1, 1 << 16,
                    valid="an integer in [1, 65536]")
-        _check_int("parallel", self.n_seq, 1, 64, valid="an integer in [1, 64] (generations "
-                   "at once)")
+        _check_int("parallel", self.n_seq, 1, MAX_STREAMS, valid=f"an integer in [1, "
+                   f"{MAX_STREAMS}] (generations at once)")
+        if self.n_cells and not self.n_ctx <= self.n_cells <= self.n_ctx * self.n_seq:
+            raise InvalidParameterError("n_cells", self.n_cells, f"0 or in [{self.n_ctx}, "
+                                        f"{self.n_ctx * self.n_seq}] (n_ctx to n_ctx × n_seq)")
         if self.cpu_extra_buffers not in CPU_EXTRA_BUFFERS:
             raise InvalidParameterError("cpu_extra_buffers", self.cpu_extra_buffers,
                                         "'auto', 'on' or 'off'")
@@ -262,7 +268,8 @@ class ModelConfig:
 
 
 # Engine.load's settings, by the config they belong to (the configs hold their defaults).
-_MODEL_SETTINGS = {f.name for f in fields(ModelConfig)} - {"path", "n_outputs_max", "n_seq"}
+_MODEL_SETTINGS = {f.name for f in fields(ModelConfig)} - {"path", "n_outputs_max", "n_seq",
+                                                         "n_cells"}
 _SPEC_SETTINGS = {f.name for f in fields(SpecConfig)}
 
 

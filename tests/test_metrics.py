@@ -238,7 +238,8 @@ def test_two_metrics_objects_share_nothing(run):
 
 def fake_engine(*, busy=False, waiting=0, target=4, draft=2, spec=None):
     lanes = SimpleNamespace(running=["a generation"] if busy else [], waiting=waiting,
-                            deferred=waiting + 2, n=4, rows_per_pass=5.5 if busy else 0.0)
+                            deferred=waiting + 2, n=8, contexts=4,
+                            rows_per_pass=5.5 if busy else 0.0)
     return SimpleNamespace(lanes=lanes, spec=spec or SpecConfig(),
                            threads={"target": target, "draft": draft, "max": 8,
                                     "adaptive": True, "backed_off": False})
@@ -267,6 +268,7 @@ def test_engine_gauges():
     assert value(found, "edgespec_requests_deferred", model="beta") == 0
     assert value(found, "edgespec_requests_deferred_total", model="alpha") == 5
     assert value(found, "edgespec_streams_parallel", model="alpha") == 4
+    assert value(found, "edgespec_streams_max", model="alpha") == 8
     assert value(found, "edgespec_batch_rows", model="alpha") == 5.5
     assert value(found, "edgespec_threads", model="alpha", role="target") == 4
     assert value(found, "edgespec_threads", model="alpha", role="draft") == 2

@@ -15,11 +15,13 @@ target's alone, whatever its neighbours.
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
 
 from edgespec import Engine, SamplingParams
+from edgespec.errors import EngineBusyError
 from edgespec.drafting import AdaptiveLength, Costs, FixedLength, ModelDrafter
 from edgespec.drafting.batch import Ask, BatchCosts, plan_round
 from edgespec.engine.lanes import Lanes
@@ -142,7 +144,10 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ",
 
 @pytest.fixture(scope="module")
 def eng(smollm2_f32_path, smollm2_q4_path):
-    with Engine.load(smollm2_f32_path, smollm2_q4_path, n_ctx=1024, parallel=3) as e:
+    """Three streams at once on the KV cells of two whole contexts (engine/lanes.py): every
+    test below runs its streams on shared cells."""
+    with Engine.load(smollm2_f32_path, smollm2_q4_path, n_ctx=1024, parallel=2,
+                     streams=3) as e:
         yield e
 
 
@@ -224,6 +229,48 @@ def test_while_the_streams_take_turns_each_pass_is_one_streams_and_answers_are_a
                                 alone[p].tokens, batched[p].tokens, NEAR_TIE)
 
 
+def test_streams_beyond_parallel_run_while_what_they_reach_fits(eng):
+    """Three lanes share the cells of two contexts: three short answers hold all three lanes
+    at once (from one thread: none waits); two answers whose max_tokens is the context may
+    each reach a whole context, so a third waits for their cells though a lane is free (from
+    the thread that holds them it would wait for itself: EngineBusyError), and enters when
+    one ends."""
+    lanes = eng.lanes
+    assert lanes.n == 3 and lanes.cells == 2 * eng.n_ctx
+    for m in (eng.target, eng.draft):       # (the same tokenizer: the draft shares too)
+        assert m.config.n_cells == 2 * eng.n_ctx and len(m.sequences) == 3
+    alone = {p: eng.generate(p, raw=True, max_tokens=12, sampling=GREEDY) for p in PROMPTS}
+    streams = [eng.stream(p, raw=True, max_tokens=12, sampling=GREEDY) for p in PROMPTS]
+    for s in streams:
+        next(s)
+    assert len(lanes.owners) == 3 and lanes.waiting == 0
+    for p, s in zip(PROMPTS, streams):
+        list(s)
+        assert len(s.result.tokens) == len(alone[p].tokens)
+
+    whole = eng.n_ctx - 16       # (the server's "no limit": to the context's end)
+    a = eng.stream(PROMPTS[0], raw=True, max_tokens=whole, sampling=GREEDY)
+    b = eng.stream(PROMPTS[1], raw=True, max_tokens=whole, sampling=GREEDY)
+    next(a), next(b)
+    assert len(lanes.owners) == 2
+    with pytest.raises(EngineBusyError):
+        next(eng.stream(PROMPTS[2], raw=True, max_tokens=4, sampling=GREEDY))
+    done = {}
+    late = threading.Thread(target=lambda: done.setdefault("r", eng.generate(
+        PROMPTS[2], raw=True, max_tokens=4, sampling=GREEDY)))
+    late.start()
+    deadline = time.monotonic() + 30
+    while lanes.waiting == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert lanes.waiting == 1 and "r" not in done and len(lanes.owners) == 2
+    a.close()
+    late.join(60)
+    assert len(done["r"].tokens) == 4 and done["r"].finish_reason == "length"
+    b.close()
+    assert not eng.busy and lanes.waiting == 0
+
+
 def test_blas_runs_on_one_thread_while_an_engine_is_open(eng):
     """numpy's BLAS threads spin after a product on the cores llama.cpp's threads need
     (engine/threads.py): held to one while an Engine is open, and given back its count when
@@ -290,7 +337,7 @@ def test_gemma_greedy_answers_batched_equal_each_alone(gemma_f32_path, gemma_q4_
     """The same on the Gemma pair (262k vocabulary, the draft's reduced head per lane); a
     near-tie here is a gap under 0.02, as Gemma F32's batched and one-token logits differ by
     up to 0.016 (docs/decisions.md, "A draft of another family")."""
-    with Engine.load(gemma_f32_path, gemma_q4_path, n_ctx=512, parallel=3) as g:
+    with Engine.load(gemma_f32_path, gemma_q4_path, n_ctx=512, parallel=2, streams=3) as g:
         alone = {p: g.generate(p, raw=True, max_tokens=32, sampling=GREEDY) for p in PROMPTS}
         batched = together(g, GREEDY, 32)
         for p in PROMPTS:

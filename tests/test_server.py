@@ -452,6 +452,8 @@ def test_option_errors_are_one_line(server, tmp_path):
     assert_one_line_error(serve("--max-loaded", "0"), "--max-loaded")
     assert_one_line_error(serve("--max-ram", "-2"), "--max-ram")
     assert_one_line_error(serve("--cache-ram", "-1"), "--cache-ram")
+    assert_one_line_error(serve("--parallel", "4", "--streams", "2"), "--streams 2",
+                          "give 4 (--parallel) to 64")
 
 
 def test_all_addresses_with_a_key(smollm2_q4_path):
@@ -550,8 +552,11 @@ def test_logprobs(client, model):
     streamed = [c.choices[0].logprobs for c in client.chat.completions.create(
         model=model, temperature=0, max_tokens=6, messages=CHAT, logprobs=True, stream=True)
         if c.choices and c.choices[0].logprobs]
+    # (the second time the lane's cache holds the prompt: its first row comes from a pass of
+    # one token instead of the whole prompt's, whose kernels round differently: 1.5e-3 apart
+    # measured on an AMD EPYC, under 1e-4 on a Xeon)
     assert [e.logprob for lp in streamed for e in lp.content] == \
-        pytest.approx([e.logprob for e in content], abs=1e-4)
+        pytest.approx([e.logprob for e in content], abs=5e-3)
     c = client.completions.create(model=model, prompt="The capital of France is", temperature=0,
                                   max_tokens=4, logprobs=3)
     lp = c.choices[0].logprobs

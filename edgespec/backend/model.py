@@ -4,9 +4,9 @@ loop runs on.
 A :class:`LlamaModel` keeps ``tokens``, the exact sequence its KV cache holds, so callers
 reason about caches as lists: :meth:`LlamaModel.eval` appends, :meth:`LlamaModel.truncate`
 removes a suffix with ``llama_memory_seq_rm``. A context may hold several sequences
-(``ModelConfig.n_seq``, one per stream, each with ``n_ctx`` positions of its own in one
-unified KV buffer): :attr:`LlamaModel.sequences` are their caches (:mod:`.sequence`; the
-model's own ``tokens``/``eval``/``truncate`` are the first one's), and
+(``ModelConfig.n_seq``, one per stream, each reaching ``n_ctx`` positions, all sharing one
+unified KV buffer of ``n_cells``): :attr:`LlamaModel.sequences` are their caches
+(:mod:`.sequence`; the model's own ``tokens``/``eval``/``truncate`` are the first one's), and
 :meth:`LlamaModel.decode` evaluates the rows of several in one ``llama_decode``. Logits come
 back as numpy views of llama.cpp's output buffer, only for the rows asked for, valid until
 the next ``eval``. Every bound that
@@ -95,7 +95,8 @@ class LlamaModel(HasVocabulary):
         # all sequences' rows in one call, within the batch
         self.n_outputs_total = min(self.n_outputs_max * n_seq, config.n_batch)
         cparams = C.llama_context_default_params()
-        cparams.n_ctx = config.n_ctx * n_seq
+        # Every sequence may reach n_ctx positions; together they hold at most n_cells.
+        cparams.n_ctx = config.n_cells or config.n_ctx * n_seq
         cparams.n_batch = cparams.n_ubatch = config.n_batch
         cparams.n_seq_max = n_seq
         # One KV buffer for every sequence: a batch of rows from several sequences is then one
@@ -121,7 +122,9 @@ class LlamaModel(HasVocabulary):
                                             "smaller n_ctx)")
         self.memory = C.llama_get_memory(self._ctx)
         # llama.cpp pads the context up (to a multiple of 256); honour what was asked.
-        self.n_ctx = min(config.n_ctx, C.llama_n_ctx(self._ctx) // n_seq)     # per sequence
+        self.n_cells = C.llama_n_ctx(self._ctx)                 # all sequences together
+        self.n_ctx = min(config.n_ctx, self.n_cells if config.n_cells     # per sequence
+                         else self.n_cells // n_seq)
         self.n_batch = C.llama_n_batch(self._ctx)
         self._batch = C.llama_batch_init(self.n_batch, 0, 1)
         for i in range(self.n_batch):

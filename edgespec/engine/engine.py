@@ -36,7 +36,7 @@ from .drafting import EngineDrafting
 from ..embedding import Embedder, Embeddings, Inputs
 from ..errors import EngineClosedError, InvalidParameterError
 from .generation import not_started, run_generation
-from .lanes import Lanes
+from .lanes import Lanes, shared_cells
 from ..lm import LoadedModel
 from ..prompt_cache import PromptCache
 from .prompting import Prompter
@@ -84,9 +84,11 @@ class Engine:
         self.parallel = parallel
         # Where generations run, ``parallel`` at once (edgespec/lanes.py): its figures
         # (running, waiting, deferred, rows per pass) are public.
+        # (they share the KV cells of fewer full contexts when the models were loaded so)
         self.lanes = Lanes(target, draft if spec.uses_draft_model else None, self.draft_head,
                            parallel, plan=self._drafting.plan_round,
-                           on_pass=self._drafting.observe_pass if parallel > 1 else None)
+                           on_pass=self._drafting.observe_pass if parallel > 1 else None,
+                           cells=target.config.n_cells or None, margin=spec.most_drafts + 1)
         self._drafting.follow(self.lanes)
         # The states of other conversations than the live ones, in host memory
         self.prompt_cache = PromptCache.of_mib(cache_ram)
@@ -101,7 +103,8 @@ class Engine:
     @classmethod
     def load(cls, target: Union[str, Path, None] = None, draft: Union[str, Path, None] = None,
              *, pair: Optional[str] = None, draft_n_gpu_layers: Optional[int] = None,
-             draft_rpc=None, parallel: int = 1, cache_ram: int = config.CACHE_RAM_MIB,
+             draft_rpc=None, parallel: int = 1, streams: Optional[int] = None,
+             cache_ram: int = config.CACHE_RAM_MIB,
              recalibrate: bool = False, progress: Callable[[str], None] = lambda s: None,
              **settings) -> "Engine":
         """Load a target GGUF and optionally a draft GGUF (or a registry ``pair`` name).
@@ -117,10 +120,13 @@ class Engine:
         :class:`~edgespec.errors.InvalidParameterError`. The draft's own: its
         ``draft_n_gpu_layers`` (default: ModelConfig's) and ``draft_rpc`` workers (it stays
         local without them). ``parallel``: how many generations run at once (each with
-        ``n_ctx`` tokens of KV cache of its own in each model, batched together); more wait
-        for a free lane. ``cache_ram``: MiB for conversations' caches kept aside
-        (:mod:`edgespec.prompt_cache`). The cost model's calibration is measured once per
-        model file and setting and kept; ``recalibrate=True`` measures it again;
+        ``n_ctx`` tokens of KV cache in each model, batched together); more wait
+        for a free lane. ``streams`` (default ``parallel``): up to this many share the KV
+        cells of ``parallel`` full contexts, each entering while the positions it can reach
+        fit beside the others' (:func:`~edgespec.engine.lanes.shared_cells`). ``cache_ram``:
+        MiB for conversations' caches kept aside (:mod:`edgespec.prompt_cache`). The cost
+        model's calibration is measured once per model file and setting and kept;
+        ``recalibrate=True`` measures it again;
         ``progress`` is told what loading is doing (a line at a time). Raises
         :class:`~edgespec.errors.ModelLoadError` for files that cannot be loaded,
         :class:`~edgespec.errors.IncompatiblePairError` when the draft cannot be mapped to
@@ -145,6 +151,8 @@ class Engine:
         if parallel != 1 and (rpc or draft_rpc):
             raise InvalidParameterError("parallel", parallel, "1 with RPC workers (a model on "
                                         "workers serves one generation at a time)")
+        streams, cells, d_cells = shared_cells(parallel, streams, model.get("n_ctx"), target,
+                                               draft, remote=bool(rpc or draft_rpc))
         adaptive_threads = model.get("n_threads") is None
         if adaptive_threads:
             model.pop("n_threads", None)
@@ -152,17 +160,17 @@ class Engine:
             else {}
         draft_gpu = {"n_gpu_layers": draft_n_gpu_layers} if draft_n_gpu_layers is not None \
             else {}
-        t_cfg = ModelConfig(target, rpc=rpc, n_seq=parallel, **target_gpu, **model,
+        t_cfg = ModelConfig(target, rpc=rpc, n_seq=streams, n_cells=cells, **target_gpu, **model,
                             n_outputs_max=max(config.N_OUTPUTS_MIN, spec.most_drafts + 1))
-        d_cfg = (ModelConfig(draft, rpc=draft_rpc, n_seq=parallel, n_outputs_max=1,
-                             **draft_gpu, **model)
+        d_cfg = (ModelConfig(draft, rpc=draft_rpc, n_seq=streams, n_cells=d_cells,
+                             n_outputs_max=1, **draft_gpu, **model)
                  if draft is not None and spec.uses_draft_model else None)
         t_model, d_model, vmap = open_pair(t_cfg, d_cfg, draft_tap_min_vocab=HEAD_MIN_VOCAB,
                                            progress=progress)
         try:
             return cls(t_model, d_model, spec, adaptive_threads=adaptive_threads,
                        recalibrate=recalibrate, cache_ram=cache_ram, vocab_map=vmap,
-                       parallel=parallel, progress=progress)
+                       parallel=streams, progress=progress)
         except BaseException:
             for m in (d_model, t_model):
                 if m is not None:
@@ -389,3 +397,4 @@ def _close_open_engines() -> None:
             engine.close()
         except Exception:   # pragma: no cover - best effort at exit
             log.exception("closing an Engine at exit failed")
+

@@ -73,7 +73,7 @@ def run_generation(job: Job, lanes: Lanes, req: Prepared,
     whenever its reader is away. ``cache``: conversations' states kept aside, consulted
     before each model's prefill (:mod:`edgespec.prompt_cache`).
     """
-    lane = lanes.enter(job, req.prompt)
+    lane = lanes.enter(job, req.prompt, req.request.max_tokens)
     if lane is None:                  # cancelled, or the Engine closed, while queued
         job.result = job.cancelled_result
         return

@@ -6,6 +6,12 @@ StreamModel`), with the draft's reduced output layer for that conversation. :cla
 admits a generation to a free lane (the one whose cache already holds the longest part of its
 prompt, else the least recently used) or queues it, first come, first served; the generations
 in lanes decode together, their passes batched by one :class:`~edgespec.engine.rounds.Rounds`.
+
+The lanes may be more than the KV cache holds full contexts for: the sequences of a context
+share its cells (``ModelConfig.n_cells``), and a generation enters only while the positions it
+can reach (its prompt, ``max_tokens`` and a round's drafts, at most ``n_ctx``) fit beside
+what the generations in lanes can reach. Short requests then run at once beyond the number
+of full contexts, and no pass can find the cache full.
 """
 
 from __future__ import annotations
@@ -15,7 +21,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
-from ..errors import EngineBusyError, InvalidParameterError
+from .. import config
+from ..errors import EdgespecError, EngineBusyError, InvalidParameterError
+from ..gguf_file import vocab_hash
 from ..prompt_cache import common_prefix
 from .rounds import Member, Rounds
 from .stream_model import StreamModel
@@ -24,6 +32,35 @@ from .streams import Job
 if TYPE_CHECKING:
     from ..drafting import ReducedHead
     from ..drafting.suffix import SuffixIndex
+
+
+def shared_cells(parallel: int, streams: Optional[int], n_ctx: Optional[int], target, draft,
+                 remote: bool = False) -> tuple[int, int, int]:
+    """(streams, the target's KV cells, the draft's) for ``streams`` generations at once over
+    the KV cache of ``parallel`` full contexts of ``n_ctx`` (cells 0: ``n_ctx`` for each
+    sequence, as when ``streams`` is ``parallel``). A generation enters while its prompt,
+    ``max_tokens`` and a round's drafts fit beside what the others can reach (at most a whole
+    context each: :meth:`Lanes.enter`). A draft of the target's tokenizer never
+    holds more than the target's positions and a round's drafts, so it shares as few cells;
+    another tokenizer's text may take more, so that draft keeps a context for each."""
+    streams = parallel if streams is None else streams
+    if not isinstance(streams, int) or isinstance(streams, bool) or \
+            not parallel <= streams <= config.MAX_STREAMS or (streams > parallel and remote):
+        raise InvalidParameterError("streams", streams, f"an integer in [parallel, "
+                                    f"{config.MAX_STREAMS}] (parallel with RPC workers)")
+    if streams == parallel:
+        return streams, 0, 0
+    cells = (n_ctx or config.N_CTX) * parallel
+    return streams, cells, cells if draft is not None and _same_vocab(target, draft) else 0
+
+
+def _same_vocab(target, draft) -> bool:
+    """Whether two GGUF files have one vocabulary (False when either cannot be read: loading
+    them says why)."""
+    try:
+        return vocab_hash(target) == vocab_hash(draft)
+    except (EdgespecError, OSError):
+        return False
 
 
 @dataclass(eq=False)
@@ -50,15 +87,22 @@ class Lanes:
     sequences), and the queue of generations waiting for one. ``head``: the draft's reduced
     output layer (each lane gets a sibling that follows its own conversation). ``plan``:
     the rounds' joint planner; ``on_pass``: told of every pass (:class:`Rounds`).
-    ``deferred`` counts the generations that had to wait."""
+    ``deferred`` counts the generations that had to wait. ``cells``: the KV positions the
+    sequences share (None: ``n_ctx`` for each); ``margin``: the positions a round's drafts
+    may add beyond what a generation keeps."""
 
     def __init__(self, target, draft, head: Optional["ReducedHead"], n: int = 1,
                  plan: Optional[Callable[[list], list]] = None,
-                 on_pass: Optional[Callable] = None):
+                 on_pass: Optional[Callable] = None, cells: Optional[int] = None,
+                 margin: int = 0):
         if any(m is not None and len(m.sequences) < n for m in (target, draft)):
             raise InvalidParameterError("parallel", n, "at most the sequences the models were "
                                         "loaded with (ModelConfig.n_seq)")
         self.n = n
+        self.n_ctx = target.n_ctx
+        self.cells = cells if cells is not None else self.n_ctx * n
+        self.margin = margin
+        self._reach: dict[int, int] = {}       # lane index -> positions its job may reach
         self.rounds = Rounds([m for m in (draft, target) if m is not None], plan=plan,
                              on_pass=on_pass)
         self.lanes = []
@@ -79,6 +123,11 @@ class Lanes:
         self.deferred = 0
 
     @property
+    def contexts(self) -> int:
+        """The whole contexts the shared cells hold (the Engine's ``parallel``)."""
+        return self.cells // self.n_ctx
+
+    @property
     def waiting(self) -> int:
         return len(self._waiting)
 
@@ -97,26 +146,41 @@ class Lanes:
         rows = self.rounds.rows_per_pass
         return sum(rows) / len(rows) if rows else 0.0
 
-    def enter(self, job: Job, prompt: Sequence[int] = ()) -> Optional[Lane]:
-        """Wait for a free lane for ``job``: the one whose target cache holds the longest part
-        of ``prompt``, else the least recently used. None if the job was cancelled, or the
-        lanes closed, first.
+    def reach(self, prompt_tokens: int, max_tokens: Optional[int]) -> int:
+        """The KV positions a generation of this prompt and limit can reach."""
+        if max_tokens is None:
+            return self.n_ctx
+        return min(self.n_ctx, prompt_tokens + max_tokens + self.margin)
 
-        Raises :class:`EngineBusyError` when the caller would wait for itself: every lane
-        holds a stream that this very thread advanced and left open.
+    def _room(self, reach: int) -> bool:
+        """Whether a free lane and the cells for ``reach`` are there now."""
+        return len(self.owners) < self.n and \
+            sum(self._reach.values()) + reach <= self.cells
+
+    def enter(self, job: Job, prompt: Sequence[int] = (), max_tokens: Optional[int] = None
+              ) -> Optional[Lane]:
+        """Wait for a free lane for ``job``: the one whose target cache holds the longest part
+        of ``prompt``, else the least recently used; and for the KV cells the generation can
+        reach (its prompt, ``max_tokens`` and a round's drafts; None: a whole context). None
+        if the job was cancelled, or the lanes closed, first.
+
+        Raises :class:`EngineBusyError` when the caller would wait for itself: there is no
+        room, and every lane taken holds a stream that this very thread advanced and left
+        open.
         """
         me = threading.get_ident()
+        reach = self.reach(len(prompt), max_tokens)
         with self._cond:
-            if len(self.owners) == self.n and all(
+            if self.owners and not self._room(reach) and all(
                     not o.advancing and o.consumer == me for o in self.owners.values()):
                 raise EngineBusyError(
                     "this thread still has an unfinished stream on this Engine: read it to the "
                     "end or call its close() (or cancel()) before starting another generation")
             self._waiting.append(job)
-            if len(self.owners) == self.n or len(self._waiting) > 1:
+            if not self._room(reach) or len(self._waiting) > 1:
                 self.deferred += 1
             try:
-                while len(self.owners) == self.n or self._waiting[0] is not job:
+                while not self._room(reach) or self._waiting[0] is not job:
                     if job.cancelled.is_set() or self.closed:
                         return None
                     self._cond.wait()
@@ -128,6 +192,7 @@ class Lanes:
                 self._clock += 1
                 self._used[lane.index] = self._clock
                 self.owners[lane.index] = job
+                self._reach[lane.index] = reach
                 return lane
             finally:
                 self._waiting.remove(job)
@@ -136,6 +201,7 @@ class Lanes:
     def leave(self, lane: Lane) -> None:
         with self._cond:
             self.owners.pop(lane.index, None)
+            self._reach.pop(lane.index, None)
             self._cond.notify_all()
 
     def wake(self) -> None:

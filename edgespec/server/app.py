@@ -252,7 +252,8 @@ def health_endpoint(manager: ModelManager):
         return JSONResponse({"status": "ok", "model": manager.default,
                              "busy": bool(lanes and lanes.running),
                              "running": len(lanes.running) if lanes else 0,
-                             "parallel": lanes.n if lanes else 0,
+                             "parallel": lanes.contexts if lanes else 0,
+                             "streams": lanes.n if lanes else 0,
                              "waiting": lanes.waiting if lanes else 0,
                              "loaded": [{"name": m.name, "in_use": m.in_use}
                                         for m in manager.loaded()]})

@@ -71,7 +71,13 @@ def build_serve_parser(sub) -> None:
     g.add_argument("--parallel", type=int, default=None, metavar="N",
                    help=f"generations each model runs at once, batched into its passes, each "
                         f"with its own --ctx-size of KV cache (default {config.PARALLEL}; 1 "
-                        "with --rpc); more wait in a queue")
+                        "with --rpc); short ones may run beyond it (--streams), more wait in "
+                        "a queue")
+    g.add_argument("--streams", type=int, default=None, metavar="S",
+                   help="generations each model runs at once in all (default twice "
+                        "--parallel): those beyond --parallel share the KV cache of --parallel "
+                        "contexts, each entering while its prompt and max_tokens fit beside "
+                        "the others'; more wait in the queue")
     g.add_argument("--cache-ram", type=int, default=config.CACHE_RAM_MIB, metavar="MiB",
                    help="host memory per loaded model for the KV states of other "
                         "conversations than the live one (both models), so that switching "
@@ -168,11 +174,20 @@ def manager_options(args) -> dict:
         raise UsageError(f"--keep-alive: {e.message}") from None
     if args.parallel is None:
         args.parallel = 1 if args.rpc or args.draft_rpc else config.PARALLEL
-    if not 1 <= args.parallel <= 64:
-        raise UsageError(f"--parallel {args.parallel}: give 1 to 64 generations at once")
+    if not 1 <= args.parallel <= config.MAX_STREAMS:
+        raise UsageError(f"--parallel {args.parallel}: give 1 to {config.MAX_STREAMS} "
+                         "generations at once")
     if args.parallel > 1 and (args.rpc or args.draft_rpc):
         raise UsageError(f"--parallel {args.parallel}: a model on RPC workers serves one "
                          "generation at a time (--parallel 1)")
+    if args.streams is None:
+        args.streams = min(2 * args.parallel, config.MAX_STREAMS) if args.parallel > 1 else 1
+    if not args.parallel <= args.streams <= config.MAX_STREAMS:
+        raise UsageError(f"--streams {args.streams}: give {args.parallel} (--parallel) to "
+                         f"{config.MAX_STREAMS} generations at once")
+    if args.streams > 1 and (args.rpc or args.draft_rpc):
+        raise UsageError(f"--streams {args.streams}: a model on RPC workers serves one "
+                         "generation at a time")
     return dict(max_loaded=args.max_loaded, keep_alive=keep_alive, parallel=args.parallel,
                 max_ram=int(args.max_ram * 2**30) if args.max_ram else None,
                 aliases=parse_aliases(args.model_alias))
@@ -197,7 +212,7 @@ def loader(args):
         if entry.draft is None and drafter in (None, "hybrid", "model"):
             drafter = None
         engine = load_engine(args, say=server_log.info, target=entry.target,
-                             parallel=args.parallel,
+                             parallel=args.parallel, streams=args.streams,
                              draft=entry.draft, drafter=drafter, cache_ram=args.cache_ram,
                              n_ctx=n_ctx or args.ctx_size or config.N_CTX)
         server_log.info("loaded %s", entry.name)
@@ -259,7 +274,7 @@ def cmd_serve(args) -> int:
         name = model_id(args)
         n_ctx, why = first_context(args, name, budget)
         with load_engine(args, cache_ram=args.cache_ram, parallel=args.parallel,
-                         n_ctx=n_ctx) as engine:
+                         streams=args.streams, n_ctx=n_ctx) as engine:
             first = entry_for(name, engine.target.path,
                               engine.draft.path if engine.draft is not None else None)
             manager = ModelManager(lambda: scan_catalog(extra=[first]), loader(args),
@@ -286,8 +301,10 @@ def cmd_serve(args) -> int:
             more = ("; a request's num_ctx may ask for more, up to " f"{trained}"
                     if trained and trained > engine.n_ctx else
                     "; a request's num_ctx beyond it is clamped")
+            beyond = (f", up to {args.streams} while their prompts and max_tokens fit"
+                      if args.streams > args.parallel else "")
             status(f"context: {engine.n_ctx} tokens for each of {args.parallel} "
-                   f"generation(s) at once ({why}){more}")
+                   f"generation(s) at once{beyond} ({why}){more}")
             uvicorn.Server(config).run(sockets=[sock])
     finally:
         sock.close()

@@ -256,12 +256,14 @@ class _EngineCollector:
         def gauge(name: str, doc: str, labels: Sequence[str] = ("model",)):
             return GaugeMetricFamily(PREFIX + name, doc, labels=list(labels))
         return (gauge("requests_processing", "Generations running now, each in a lane of "
-                      "its own (at most streams_parallel)."),
+                      "its own (at most streams_max)."),
                 gauge("requests_deferred", "Generations queued for a lane now."),
                 gauge("requests_deferred_total", "Generations that had to wait for a lane "
                       "since the model was loaded."),
-                gauge("streams_parallel", "Lanes: the generations the model runs at once "
-                      "(--parallel)."),
+                gauge("streams_parallel", "Whole contexts of KV cache: the generations "
+                      "the model runs at once whatever their length (--parallel)."),
+                gauge("streams_max", "Lanes: the most generations the model runs at once, "
+                      "those beyond streams_parallel while their lengths fit (--streams)."),
                 gauge("batch_rows", "Mean rows of the model's last passes (its streams' verify "
                       "rows, plain rows and prompt chunks batched together)."),
                 gauge("threads", "CPU threads each model runs with now.", ("model", "role")),
@@ -276,8 +278,8 @@ class _EngineCollector:
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         families = self._families()
-        processing, deferred, deferred_total, parallel, rows, threads, length, adaptive = \
-            families
+        (processing, deferred, deferred_total, parallel, most, rows, threads, length,
+         adaptive) = families
         for model, engine in self.metrics._models():
             try:
                 lanes, counts, spec = engine.lanes, engine.threads, engine.spec
@@ -287,7 +289,8 @@ class _EngineCollector:
             processing.add_metric([model], len(lanes.running))
             deferred.add_metric([model], lanes.waiting)
             deferred_total.add_metric([model], lanes.deferred)
-            parallel.add_metric([model], lanes.n)
+            parallel.add_metric([model], lanes.contexts)
+            most.add_metric([model], lanes.n)
             rows.add_metric([model], lanes.rows_per_pass)
             for role in ("target", "draft"):
                 if counts.get(role) is not None:
