@@ -238,8 +238,8 @@ def test_each_model_gets_its_trained_context_as_memory_allows_and_says_so(server
     from edgespec.server.contexts import auto_context
     from edgespec.server.slots import Budget
     _, ol, _ = clients
-    assert "context: 8192 tokens for each of 4 generation(s) at once (the context it was " \
-        "trained with" in server.log()
+    assert "context: 8192 tokens for each of 4 generation(s) at once, up to 8 while their " \
+        "prompts and max_tokens fit (the context it was trained with" in server.log()
     [smol] = [m for m in ol.ps().models if m.model.startswith(SMOL)]
     assert smol.context_length == 8192
     assert ol.show(SMOL).modelinfo["llama.context_length"] == 8192
