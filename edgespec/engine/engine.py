@@ -397,4 +397,3 @@ def _close_open_engines() -> None:
             engine.close()
         except Exception:   # pragma: no cover - best effort at exit
             log.exception("closing an Engine at exit failed")
-

@@ -146,30 +146,23 @@ class Lanes:
         rows = self.rounds.rows_per_pass
         return sum(rows) / len(rows) if rows else 0.0
 
-    def reach(self, prompt_tokens: int, max_tokens: Optional[int]) -> int:
-        """The KV positions a generation of this prompt and limit can reach."""
-        if max_tokens is None:
-            return self.n_ctx
-        return min(self.n_ctx, prompt_tokens + max_tokens + self.margin)
-
     def _room(self, reach: int) -> bool:
         """Whether a free lane and the cells for ``reach`` are there now."""
         return len(self.owners) < self.n and \
             sum(self._reach.values()) + reach <= self.cells
 
-    def enter(self, job: Job, prompt: Sequence[int] = (), max_tokens: Optional[int] = None
-              ) -> Optional[Lane]:
+    def enter(self, job: Job, prompt: Sequence[int], max_tokens: int) -> Optional[Lane]:
         """Wait for a free lane for ``job``: the one whose target cache holds the longest part
         of ``prompt``, else the least recently used; and for the KV cells the generation can
-        reach (its prompt, ``max_tokens`` and a round's drafts; None: a whole context). None
-        if the job was cancelled, or the lanes closed, first.
+        reach (its prompt, ``max_tokens`` and a round's drafts, at most a whole context).
+        None if the job was cancelled, or the lanes closed, first.
 
         Raises :class:`EngineBusyError` when the caller would wait for itself: there is no
         room, and every lane taken holds a stream that this very thread advanced and left
         open.
         """
         me = threading.get_ident()
-        reach = self.reach(len(prompt), max_tokens)
+        reach = min(self.n_ctx, len(prompt) + max_tokens + self.margin)
         with self._cond:
             if self.owners and not self._room(reach) and all(
                     not o.advancing and o.consumer == me for o in self.owners.values()):
