@@ -136,6 +136,56 @@ def test_a_prompt_chunk_is_counted_by_its_tokens_and_teaches_no_cost():
     assert [(target, rows) for target, rows, _, _ in told] == [(True, 2)]
 
 
+def test_a_prompt_pass_waits_for_a_stream_on_its_way_in_no_longer_than_its_hold(monkeypatch):
+    """Clients sending at once reach the Engine milliseconds apart: a prompt pass that could
+    fire waits while a stream is on its way in (submitted, not yet joined), so that its
+    prompt is read in the same pass; not once it says it will not come soon (it queues for a
+    lane), and never longer than the hold (a stream created and never read)."""
+    from edgespec.engine import rounds as rounds_module
+    from edgespec.engine.rounds import Member, Rounds
+    monkeypatch.setattr(rounds_module, "HOLD", 1e6)     # the hold is HOLD_MAX, however
+    monkeypatch.setattr(rounds_module, "HOLD_MAX", 0.6)     # short the passes measured
+    model = MarkovContext(MAIN.target, n_seq=2)
+    rounds = Rounds([model])
+
+    def prompt(member: Member, seq: int, tokens: list, arrival=None, after: float = 0.0):
+        time.sleep(after)
+        member.prompting = True
+        rounds.join(member, arrival)
+        rounds.decode(member, model, model.sequences[seq], tokens, 1)
+        member.prompting = False
+        rounds.parked(member)               # (its reader has the first token)
+
+    first, second = Member(), Member()
+    with rounds.arriving() as key:          # the second stream is on its way in
+        pass
+    late = threading.Thread(target=prompt, args=(second, 1, [4, 5], key, 0.1))
+    late.start()
+    t0 = time.monotonic()
+    prompt(first, 0, [1, 2, 3])
+    late.join()
+    assert rounds.rows_per_pass == [5], "the second prompt missed the first's pass"
+    assert time.monotonic() - t0 < 0.5
+    rounds.leave(first), rounds.leave(second)
+
+    # One on its way that never joins holds the next prompt pass for the hold, no longer.
+    with rounds.arriving():
+        pass
+    t0 = time.monotonic()
+    prompt(first, 0, [0])
+    assert 0.6 <= time.monotonic() - t0 < 3.0
+    rounds.leave(first)
+    # One that says it will not come soon (it queues for a lane) holds nothing.
+    with rounds.arriving() as key:
+        pass
+    rounds.arrived(key)
+    t0 = time.monotonic()
+    prompt(second, 1, [1])
+    assert time.monotonic() - t0 < 0.3
+    assert rounds.rows_per_pass == [5, 1, 1]
+    rounds.close()
+
+
 # --- real models -----------------------------------------------------------------------------
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ",

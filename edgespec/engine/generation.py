@@ -79,7 +79,7 @@ def run_generation(job: Job, lanes: Lanes, req: Prepared,
         return
     member, rounds = lane.member, lanes.rounds
     member.cancelled, member.prompting = job.cancelled.is_set, True
-    rounds.join(member)
+    rounds.join(member, job.arrival)
     job.on_advance = lambda on: rounds.running(member) if on else rounds.parked(member)
     run = _Run(lane, req, job.cancelled, cache)
     try:

@@ -172,6 +172,7 @@ class Lanes:
             self._waiting.append(job)
             if not self._room(reach) or len(self._waiting) > 1:
                 self.deferred += 1
+                self.rounds.arrived(job.arrival)    # no prompt pass waits for it
             try:
                 while not self._room(reach) or self._waiting[0] is not job:
                     if job.cancelled.is_set() or self.closed:

@@ -21,6 +21,12 @@ go first. Each stream's rounds
 are then those it would run alone, so the streams together go as fast as one after another,
 and none waits for another's whole answer for its first token.
 
+Clients that send at once reach the Engine a few milliseconds apart (a server reads their
+requests one by one), so a prompt pass that could fire waits while a stream is *arriving*
+(submitted, its prompt being made ready, not yet joined): its prompt is then read in the same
+pass rather than after the first's whole pass. The wait ends when the stream joins, when it
+queues for a lane instead, and after at most half a prompt pass (``HOLD``, ``HOLD_MAX``).
+
 A stream whose reader is away (between two tokens, or not reading) is *parked*: it holds no
 one up, except for a short ``grace`` right after it parked, so that a reader that is only
 moving its token along (a server writing it to a socket) joins the same pass. Only one pass
@@ -40,16 +46,19 @@ which cannot start before every member is waiting again, i.e. done with its rows
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
 RUNNING, PARKED, WAITING = "running", "parked", "waiting"
 GRACE = 0.002       # seconds a freshly parked member is waited for (a reader moving a token)
+HOLD = 0.5          # of a prompt pass: the longest a prompt pass waits for streams arriving
+HOLD_MAX = 0.05     # seconds: and never longer (a long prompt's chunks are slow passes)
 
 
 @dataclass(eq=False)
@@ -68,6 +77,7 @@ class _Request:
     model: Any                    # the backend model (its decode/decode_hidden), or "plan"
     part: tuple = ()              # (sequence, tokens, n_logits) or (sequence, tokens) hidden
     hidden: bool = False
+    since: float = field(default_factory=time.monotonic)    # when it was asked
     done: bool = False
     result: Any = None
     error: Optional[BaseException] = None
@@ -90,6 +100,10 @@ class Rounds:
         self._on_pass = on_pass
         self.grace = grace
         self._cond = threading.Condition()
+        # Streams on their way in (submitted, not yet joined): when each arrived. A prompt
+        # pass holds for them, at most HOLD of the last prompt pass's seconds.
+        self._arrivals: dict[object, float] = {}
+        self._prompt_seconds = 0.02
         self._members: dict[Member, None] = {}     # (ordered: the order turns go in)
         # Whether the streams take turns now (the batch gate's regime); whose turn it is.
         self.turns: Callable[[], bool] = lambda: False
@@ -110,11 +124,33 @@ class Rounds:
 
     # -- membership -----------------------------------------------------------------------
 
-    def join(self, member: Member) -> None:
-        """``member``'s stream decodes from now on (it computes until it waits or parks)."""
+    @contextlib.contextmanager
+    def arriving(self) -> Iterator[object]:
+        """A stream is on its way in (its prompt is being made ready): a prompt pass waits a
+        moment for it (:meth:`_held`), until it joins or :meth:`arrived` says it will not
+        come soon. Yields its key; an error inside ends the arrival."""
+        key = object()
+        with self._cond:
+            self._arrivals[key] = time.monotonic()
+        try:
+            yield key
+        except BaseException:
+            self.arrived(key)
+            raise
+
+    def arrived(self, key: object) -> None:
+        """The stream ``key`` names is no longer on its way (it joined, queues, or ended)."""
+        with self._cond:
+            if self._arrivals.pop(key, None) is not None:
+                self._cond.notify_all()
+
+    def join(self, member: Member, arrival: object = None) -> None:
+        """``member``'s stream decodes from now on (it computes until it waits or parks);
+        ``arrival``: its key from :meth:`arriving`."""
         with self._cond:
             member.state = RUNNING
             self._members[member] = None
+            self._arrivals.pop(arrival, None)
             self.joins += 1
 
     def leave(self, member: Member) -> None:
@@ -200,7 +236,23 @@ class Rounds:
             if m.state == PARKED and now - m.since < self.grace:
                 left = self.grace - (now - m.since)
                 wait = left if wait is None else min(wait, left)
-        return 0.0 if wait is None else wait
+        return self._held(now) if wait is None else wait
+
+    def _held(self, now: float) -> float:
+        """0, or how long a prompt pass that could fire now waits for the streams arriving:
+        one that joins in time has its prompt read in the same pass instead of waiting for
+        this one (several clients sending at once arrive a few milliseconds apart). At most
+        HOLD of a prompt pass from when the oldest prompt asked, so that a stream caught
+        saves more than the others wait."""
+        if not self._arrivals or any(r.model == "plan" for r in self._queue):
+            return 0.0      # (plans go before prompts)
+        hold = min(HOLD * self._prompt_seconds, HOLD_MAX)
+        self._arrivals = {k: t for k, t in self._arrivals.items() if now - t < hold}
+        asked = [r.since for r in self._queue
+                 if r.member.prompting and r.model is self.models[-1]]
+        if not self._arrivals or not asked:
+            return 0.0
+        return max(0.0, min(asked) + hold - now)
 
     def _fire(self) -> None:
         """Serve one group of waiting requests (called holding the lock; the pass itself runs
@@ -287,6 +339,8 @@ class Rounds:
             decoding = all(r.hidden or r.part[2] == len(r.part[1]) for r in group)
             if not decoding:
                 self.prompt_passes += 1
+                if model is self.models[-1]:
+                    self._prompt_seconds = time.perf_counter() - t0
             if model is self.models[-1]:
                 self._count(starts, decoding)
             if decoding and self._on_pass is not None:

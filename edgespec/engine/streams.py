@@ -39,8 +39,9 @@ class Job:
     thread waits for the step in progress instead of racing it.
     """
 
-    def __init__(self, lanes, cancelled_result: Any):
+    def __init__(self, lanes, cancelled_result: Any, arrival: object = None):
         self.lanes = lanes
+        self.arrival = arrival          # its key while on its way in (Rounds.arriving)
         self.cancelled = threading.Event()
         self.step = threading.Lock()
         self.advancing = False                 # a thread is inside next() right now
