@@ -14,6 +14,11 @@ Printed per count: aggregate tokens per second both ways and their ratio, the sl
 token against a lone request's on the same server; and a lone client on N lanes against one
 lane. The texts differ by a tag (each new to the server, so no lane's cache holds it), which
 moves a 96-token answer's speed by up to ~15%: a count's ratio is as good as its repeats.
+
+Then, the servers stopped, the floor under a count's slowest first token: one pass of the
+target, in this process, over that count's prompts at once (``--threads``, the median of
+three) against one over a single prompt. Whatever the server's order of passes, the last
+prompt of C read has its first token no earlier than the compute of all C.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 
 from edgespec.bench.prompts import PROMPT_SETS
 from edgespec.bench.serving import Server, at_once, ask, free_port, one_after_another
@@ -92,11 +98,45 @@ def main() -> None:
         print(f"clients {c}: at once {rate_t:6.1f} tok/s, one after another {rate_a:6.1f}: "
               f"{rate_t / rate_a:.2f}x; slowest first token {first:.3f} s "
               f"({first / lone_first:.1f}x a lone request's {lone_first:.3f} s)")
+    floor(args, {c: prompts(args.repeats - 1, c, "at once") for c in counts}, lone_first)
     if 1 in counts:
         lone = med(b.rate for b in results[("one lane", 1)])
         alone = med(b.rate for b in results[("one after another", 1)])
         print(f"one client: --parallel {args.parallel} {alone:.1f} tok/s, --parallel 1 "
               f"{lone:.1f}: {alone / lone:.2f}x")
+
+
+def floor(args, texts: dict[int, list[str]], lone_first: float) -> None:
+    """One pass of the target over each count's prompts at once (see the module docstring)."""
+    from edgespec.backend.model import LlamaModel
+    from edgespec.backend.sequence import KVSequence
+    from edgespec.config import ModelConfig
+    most = max(texts)
+    model = LlamaModel(ModelConfig(args.target, n_ctx=args.ctx_size, n_seq=most,
+                                   n_outputs_max=most, n_threads=args.threads))
+    try:
+        seqs = [KVSequence(model, i) for i in range(most)]
+
+        def one_pass(prompts: list[str]) -> float:
+            parts = [(seq, model.tokenize(p), 1) for seq, p in zip(seqs, prompts)]
+            t = time.perf_counter()
+            model.decode(parts)
+            seconds = time.perf_counter() - t
+            for seq in seqs:
+                seq.truncate(0)
+            return seconds
+
+        one_pass(texts[most])                                   # (warm-up)
+        alone = statistics.median(one_pass(texts[most][:1]) for _ in range(3))
+        for c, ps in sorted(texts.items()):
+            if c == 1:
+                continue
+            s = statistics.median(one_pass(ps) for _ in range(3))
+            print(f"floor, clients {c}: one pass over the {c} prompts {s:.3f} s ({s / alone:.1f}x "
+                  f"one prompt's {alone:.3f} s): the slowest first token >= {s / lone_first:.1f}x "
+                  f"a lone request's")
+    finally:
+        model.close()
 
 
 if __name__ == "__main__":
