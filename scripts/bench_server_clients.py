@@ -16,9 +16,10 @@ lane. The texts differ by a tag (each new to the server, so no lane's cache hold
 moves a 96-token answer's speed by up to ~15%: a count's ratio is as good as its repeats.
 
 Then, the servers stopped, the floor under a count's slowest first token: one pass of the
-target, in this process, over that count's prompts at once (``--threads``, the median of
-three) against one over a single prompt. Whatever the server's order of passes, the last
-prompt of C read has its first token no earlier than the compute of all C.
+target, in this process, over each repeat's prompts of that count at once (``--threads``;
+the median over the repeats) against one over a single prompt. Whatever the server's order
+of passes, the last prompt of C read has its first token no earlier than the compute of all
+C.
 """
 
 from __future__ import annotations
@@ -98,19 +99,25 @@ def main() -> None:
         print(f"clients {c}: at once {rate_t:6.1f} tok/s, one after another {rate_a:6.1f}: "
               f"{rate_t / rate_a:.2f}x; slowest first token {first:.3f} s "
               f"({first / lone_first:.1f}x a lone request's {lone_first:.3f} s)")
-    floor(args, {c: prompts(args.repeats - 1, c, "at once") for c in counts}, lone_first)
+    floor(args, {c: [prompts(rep, c, "at once") for rep in range(args.repeats)]
+                 for c in counts if c > 1}, lone_first)
     if 1 in counts:
-        lone = med(b.rate for b in results[("one lane", 1)])
-        alone = med(b.rate for b in results[("one after another", 1)])
-        print(f"one client: --parallel {args.parallel} {alone:.1f} tok/s, --parallel 1 "
-              f"{lone:.1f}: {alone / lone:.2f}x")
+        lanes, lane = results[("one after another", 1)], results[("one lane", 1)]
+        # (the same text on both servers each repeat: the ratio of each pair, then the median)
+        ratio = med(a.rate / b.rate for a, b in zip(lanes, lane))
+        print(f"one client: --parallel {args.parallel} {med(b.rate for b in lanes):.1f} tok/s, "
+              f"--parallel 1 {med(b.rate for b in lane):.1f}: {ratio:.2f}x (median of the "
+              f"repeats' ratios)")
 
 
-def floor(args, texts: dict[int, list[str]], lone_first: float) -> None:
-    """One pass of the target over each count's prompts at once (see the module docstring)."""
+def floor(args, texts: dict[int, list[list[str]]], lone_first: float) -> None:
+    """One pass of the target over each repeat's prompts of a count at once, against one over
+    its first prompt alone (see the module docstring); medians over the repeats."""
     from edgespec.backend.model import LlamaModel
     from edgespec.backend.sequence import KVSequence
     from edgespec.config import ModelConfig
+    if not texts:
+        return
     most = max(texts)
     model = LlamaModel(ModelConfig(args.target, n_ctx=args.ctx_size, n_seq=most,
                                    n_outputs_max=most, n_threads=args.threads))
@@ -126,18 +133,15 @@ def floor(args, texts: dict[int, list[str]], lone_first: float) -> None:
                 seq.truncate(0)
             return seconds
 
-        one_pass(texts[most])                                   # (warm-up)
-        alone = statistics.median(one_pass(texts[most][:1]) for _ in range(3))
-        for c, ps in sorted(texts.items()):
-            if c == 1:
-                continue
-            s = statistics.median(one_pass(ps) for _ in range(3))
+        one_pass(texts[most][0])                                # (warm-up)
+        for c, reps in sorted(texts.items()):
+            alone = statistics.median(one_pass(ps[:1]) for ps in reps)
+            s = statistics.median(one_pass(ps) for ps in reps)
             print(f"floor, clients {c}: one pass over the {c} prompts {s:.3f} s ({s / alone:.1f}x "
                   f"one prompt's {alone:.3f} s): the slowest first token >= {s / lone_first:.1f}x "
                   f"a lone request's")
     finally:
         model.close()
-
 
 if __name__ == "__main__":
     main()
