@@ -143,5 +143,6 @@ def floor(args, texts: dict[int, list[list[str]]], lone_first: float) -> None:
     finally:
         model.close()
 
+
 if __name__ == "__main__":
     main()
