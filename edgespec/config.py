@@ -216,6 +216,14 @@ CPU_EXTRA_BUFFERS = ("auto", "on", "off")
 # verifies several drafts at a long context faster but reads prompts and decodes one token
 # slower, measured in docs/decisions.md#flash-attention); "on"/"off" decide.
 FLASH_ATTN = ("auto", "on", "off")
+# How a recurrent or hybrid model's cache goes back after rejected drafts
+# (edgespec/backend/rollback.py, docs/decisions.md#recurrent-rollback): "checkpoints" copies
+# its recurrent state before each pass that may be rolled back; "snapshots" has llama.cpp
+# keep the state after each of a pass's last SNAPSHOT_ROWS tokens (only some architectures
+# can: the others use checkpoints); "auto" is edgespec's measured choice.
+ROLLBACK = ("auto", "checkpoints", "snapshots")
+SNAPSHOT_ROWS = 8           # positions llama.cpp's snapshots reach back (its n_rs_seq)
+CHECKPOINTS = 16            # most recurrent-state copies kept per sequence
 
 
 def default_threads() -> int:
@@ -244,6 +252,7 @@ class ModelConfig:
     # do not fault on this CPU (backend/preflight.py), "on" or "off" decide without a check
     cpu_extra_buffers: str = "auto"
     flash_attn: str = "auto"        # FLASH_ATTN
+    rollback: str = "auto"          # ROLLBACK (recurrent and hybrid models only)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", Path(self.path).expanduser())
@@ -265,6 +274,9 @@ class ModelConfig:
                                         "'auto', 'on' or 'off'")
         if self.flash_attn not in FLASH_ATTN:
             raise InvalidParameterError("flash_attn", self.flash_attn, "'auto', 'on' or 'off'")
+        if self.rollback not in ROLLBACK:
+            raise InvalidParameterError("rollback", self.rollback,
+                                        "'auto', 'checkpoints' or 'snapshots'")
 
 
 # Engine.load's settings, by the config they belong to (the configs hold their defaults).

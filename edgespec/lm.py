@@ -7,8 +7,9 @@ Markov model implements it too, so the loop, the verifier and the drafters can b
 
 A model owns one KV cache and keeps ``tokens``, the exact token sequence it holds (position
 ``i`` holds ``tokens[i]``): :meth:`LanguageModel.eval` appends, :meth:`LanguageModel.truncate`
-removes a suffix. Logits rows are float32 arrays of ``n_vocab`` entries, valid until the next
-``eval`` on the same model.
+removes a suffix, :meth:`LanguageModel.checkpoint` marks a length that a later truncation may
+come back to (what a recurrent model needs to go back at all cheaply). Logits rows are
+float32 arrays of ``n_vocab`` entries, valid until the next ``eval`` on the same model.
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ class LanguageModel(Protocol):
     n_ctx: int                # most positions the cache holds
     n_batch: int              # most tokens one eval() call sends at once
     n_outputs_max: int        # most logits rows one eval() call returns
+    # Seconds spent going back in the cache so far (a recurrent model's copies, restores and
+    # tokens evaluated again, inside eval and truncate; 0 where dropping positions is free).
+    rollback_seconds: float
 
     def eval(self, tokens: Sequence[int], n_logits: int = 1) -> np.ndarray:
         """Append ``tokens`` to the cache; logits of the last ``n_logits`` of them,
@@ -61,6 +65,12 @@ class LanguageModel(Protocol):
 
     def truncate(self, n: int) -> None:
         """Keep only the first ``n`` cache positions."""
+
+    def checkpoint(self) -> None:
+        """Keep a cheap way back to the cache as it is now: a later ``truncate`` to this
+        length or more then costs little. A model whose cache drops positions at no cost
+        (attention only) does nothing; a recurrent or hybrid one copies its running state
+        before its next pass (:mod:`edgespec.backend.rollback`)."""
 
 
 class SavedState(Protocol):

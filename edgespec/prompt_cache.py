@@ -136,9 +136,15 @@ class PromptCache:
         live = model.tokens
         keep = common_prefix(live, want)
         best, best_n = None, keep
+        # A recurrent state cannot be cut back without a checkpoint, which a kept state does
+        # not carry: on such a model only a state that begins ``want`` (short of its last
+        # token, which the prefill evaluates) is of use.
+        whole = getattr(model.state_owner, "recurrent", False)
         for e in self._entries:
             if e.owner is model.state_owner:
                 n = common_prefix(e.tokens, want)
+                if whole and not n == len(e.tokens) < len(want):
+                    continue
                 if n > best_n:
                     best, best_n = e, n
         if best is not None and best_n - keep < self.min_tokens:

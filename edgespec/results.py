@@ -29,6 +29,10 @@ class GenerationStats:
     llama_seconds: float = 0.0         # inside llama_decode, both models, decoding phase
     head_seconds: float = 0.0          # the draft's reduced output layer (numpy), decoding
     grammar_seconds: float = 0.0       # in the grammar engine (a constrained generation)
+    # Going back after rejected drafts on a recurrent or hybrid model, both models, decoding
+    # phase: copying and restoring recurrent states, evaluating accepted tokens again
+    # (edgespec/backend/rollback.py; 0 on attention-only models).
+    rollback_seconds: float = 0.0
     speculative: bool = False
     target_threads: int = 0            # CPU threads each model ran with at the end
     draft_threads: int = 0             # (0: no draft model in use)

@@ -168,12 +168,14 @@ def decode(target: LanguageModel, context: list[int], *, params: SamplingParams,
                 return
 
             # 2. Verify: one target pass over [id_last, x_1..x_K], logits on all K+1 rows.
-            t0 = time.perf_counter()
+            t0, back0 = time.perf_counter(), target.rollback_seconds
             n_base = len(context) - 1
             prompt_row = pending is not None
             if prompt_row:
                 rows, pending = pending[None, :], None
             else:
+                if K:       # a recurrent target's way back to here if drafts are rejected
+                    target.checkpoint()
                 rows = target.eval([context[-1], *x], K + 1)
             masks = ([constraint.mask(d0 + i) for i in range(K + 1)] if constraint is not None
                      else [None] * (K + 1))
@@ -194,7 +196,9 @@ def decode(target: LanguageModel, context: list[int], *, params: SamplingParams,
                     n, t = verify_block(x, q, p, rng, n_vocab)
                 else:
                     n, t = speculative_sampling(x, q, p, rng, n_vocab)
-            verify_seconds = time.perf_counter() - t0
+            # (a recurrent target's checkpoint and the last round's tokens evaluated again
+            # are the rollback's cost, which the cost model weighs apart: drafting.economics)
+            verify_seconds = time.perf_counter() - t0 - (target.rollback_seconds - back0)
             stats.verify_seconds += verify_seconds
             if K == 0 and not prompt_row:
                 stats.plain_passes += 1

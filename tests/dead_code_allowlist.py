@@ -57,3 +57,4 @@ do_POST
 do_PUT
 _.daemon_threads
 _.DEFAULT_REQUEST_TIMEOUT
+_.n_rs_seq              # backend/model.py: a llama_context_params field ctypes reads

@@ -23,6 +23,7 @@ class MarkovLM:
         self.n_outputs_max = 64
         self.tokens: list[int] = []
         self.seconds = 0.0
+        self.rollback_seconds = 0.0
 
     def eval(self, tokens, n_logits=1):
         assert len(self.tokens) + len(tokens) <= self.n_ctx
@@ -33,6 +34,9 @@ class MarkovLM:
 
     def truncate(self, n):
         del self.tokens[n:]
+
+    def checkpoint(self):
+        """(an attention-only cache needs none)"""
 
 
 def softmax(x, axis=-1):

@@ -25,15 +25,16 @@ import numpy as np
 
 import llama_cpp.llama_cpp as C
 
-from ..config import ModelConfig
+from ..config import CHECKPOINTS, SNAPSHOT_ROWS, ModelConfig
 from ..errors import BackendError, ModelLoadError
 from ..gguf_file import GGUFInfo, check_causal_lm, read_gguf
 from ..lm import VocabInfo
 from .runtime import ensure_init, ggml, gpu_devices
+from .rollback import is_recurrent
 from .sequence import KVSequence, ModelState, check_parts, plan_calls
 from .tap import Tap
 from .vocab import HasVocabulary, Vocabulary
-from .weights import free_context, load_weights
+from .weights import free_context, load_weights, output_rows
 
 _FLASH_ATTN = {"auto": C.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": C.LLAMA_FLASH_ATTN_TYPE_ENABLED,
                "off": C.LLAMA_FLASH_ATTN_TYPE_DISABLED}
@@ -90,6 +91,8 @@ class LlamaModel(HasVocabulary):
         self.vocab: VocabInfo = self.vocabulary.info
         self.n_ctx_train = C.llama_model_n_ctx_train(model)
         self.n_embd = C.llama_model_n_embd(model)
+        self.recurrent = is_recurrent(model)     # (going back takes rollback.py's copies)
+        self.checkpoint_limit = CHECKPOINTS
         n_seq = config.n_seq
         self.n_outputs_max = min(config.n_outputs_max, config.n_batch)      # per sequence
         # all sequences' rows in one call, within the batch
@@ -107,6 +110,8 @@ class LlamaModel(HasVocabulary):
         cparams.no_perf = True
         # Flash attention (config.FLASH_ATTN): "auto" is llama.cpp's choice (docs/decisions.md)
         cparams.flash_attn_type = _FLASH_ATTN[config.flash_attn]
+        if self.recurrent and config.rollback == "snapshots":
+            cparams.n_rs_seq = SNAPSHOT_ROWS     # (llama.cpp sets 0 where it has none)
         # Only where llama.cpp has no device but the CPU: with one, even a model kept on the
         # CPU may have large batches' products run there (op offload), and the tapped tensor
         # would then be device memory.
@@ -121,6 +126,7 @@ class LlamaModel(HasVocabulary):
                                             f"{config.n_ctx} tokens (out of memory? try a "
                                             "smaller n_ctx)")
         self.memory = C.llama_get_memory(self._ctx)
+        self.snapshots = C.llama_n_rs_seq(self._ctx) if self.recurrent else 0
         # llama.cpp pads the context up (to a multiple of 256); honour what was asked.
         self.n_cells = C.llama_n_ctx(self._ctx)                 # all sequences together
         self.n_ctx = min(config.n_ctx, self.n_cells if config.n_cells     # per sequence
@@ -145,7 +151,10 @@ class LlamaModel(HasVocabulary):
                 "n_ctx": self.n_ctx, "n_ctx_train": self.n_ctx_train,
                 "n_vocab": self.n_vocab, "n_threads": self.n_threads,
                 "n_gpu_layers": self.config.n_gpu_layers,
-                "cpu_extra_buffers": self.extra_buffers, "flash_attn": self.config.flash_attn}
+                "cpu_extra_buffers": self.extra_buffers, "flash_attn": self.config.flash_attn,
+                # how rejected drafts leave the cache (a recurrent part: rollback.py)
+                "rollback": "checkpoints" if self.recurrent and not self.snapshots else
+                            "snapshots" if self.recurrent else "positions"}
 
     # -- the KV cache (the first sequence's) -----------------------------------------------
 
@@ -162,23 +171,27 @@ class LlamaModel(HasVocabulary):
         """
         return self.decode([(self.sequences[0], tokens, n_logits)])[0]
 
+    # The first sequence's: truncate (llama_memory_seq_rm, or back to a checkpoint), the
+    # checkpoint and the time spent going back, save_state/restore_state (the cache's cells
+    # in host memory), cache_span (the positions llama.cpp holds): KVSequence's methods.
+
     def truncate(self, n: int) -> None:
-        """Keep only the first ``n`` cache positions (``llama_memory_seq_rm``)."""
         self.sequences[0].truncate(n)
 
+    def checkpoint(self) -> None:
+        self.sequences[0].checkpoint()
+
+    @property
+    def rollback_seconds(self) -> float:
+        return self.sequences[0].rollback_seconds
+
     def save_state(self, buffer=None) -> "ModelState":
-        """A copy of what the cache holds now (``llama_state_seq_get_data``), for
-        :meth:`restore_state`: the KV cells of ``tokens``, in host memory (in ``buffer(size)``
-        when given: :meth:`KVSequence.save_state`)."""
         return self.sequences[0].save_state(buffer)
 
     def restore_state(self, state: "ModelState") -> None:
-        """Make the cache hold ``state`` (from :meth:`save_state` on this model) instead of
-        what it holds. On failure the cache is left empty, never half-written."""
         self.sequences[0].restore_state(state)
 
     def cache_span(self) -> tuple[int, int]:
-        """(first, last) position llama.cpp holds in the cache; (-1, -1) when empty."""
         return self.sequences[0].cache_span()
 
     # -- passes over several sequences ----------------------------------------------------
@@ -196,18 +209,33 @@ class LlamaModel(HasVocabulary):
         check_parts(self, parts)
         with self.lock:
             self._check_open()
-            calls = plan_calls(parts, self.n_batch, self.n_outputs_total)
-            out: list[list[np.ndarray]] = [[] for _ in parts]
-            for c, call in enumerate(calls):
-                spans = self._decode(call)
-                last = c == len(calls) - 1
-                for (i, *_), (first, n) in zip(call, spans):
-                    if n:
-                        rows = self._logits_view(first, n)
-                        out[i].append(rows if last else rows.copy())
-            return [rows[0] if len(rows) == 1 else
-                    np.concatenate(rows) if rows else np.empty((0, self.n_vocab), np.float32)
-                    for rows in out]
+            self.evaluate_pending([seq for seq, _, _ in parts])
+            return self._run(parts)
+
+    def evaluate_pending(self, seqs: Sequence[KVSequence]) -> None:
+        """Evaluate what ``seqs`` hold but llama.cpp does not yet (after a rollback to a
+        checkpoint below the cut: :meth:`KVSequence.pending`), with the model's lock held."""
+        parts = [part for seq in seqs for part in (seq.pending() or ())]
+        if parts:
+            t0 = time.perf_counter()
+            self._run(parts)
+            for seq in {id(p[0]): p[0] for p in parts}.values():     # (each is charged)
+                seq.redo_seconds += time.perf_counter() - t0
+
+    def _run(self, parts) -> list[np.ndarray]:
+        """:meth:`decode` of ``parts`` (checked), in as few ``llama_decode`` calls as fit."""
+        calls = plan_calls(parts, self.n_batch, self.n_outputs_total)
+        out: list[list[np.ndarray]] = [[] for _ in parts]
+        for c, call in enumerate(calls):
+            spans = self._decode(call)
+            last = c == len(calls) - 1
+            for (i, *_), (first, n) in zip(call, spans):
+                if n:
+                    rows = self._logits_view(first, n)
+                    out[i].append(rows if last else rows.copy())
+        return [rows[0] if len(rows) == 1 else
+                np.concatenate(rows) if rows else np.empty((0, self.n_vocab), np.float32)
+                for rows in out]
 
     def _decode(self, call: list[tuple]) -> list[tuple[int, int]]:
         """One ``llama_decode`` of ``call``'s segments; each one's (first batch index with
@@ -216,6 +244,7 @@ class LlamaModel(HasVocabulary):
         tok, pos, lg, sid = b.token, b.pos, b.logits, b.seq_id
         j, spans, n_rows = 0, [], 0
         for _, seq, chunk, first_logit in call:
+            seq.before_pass(len(chunk))
             pos0 = len(seq.tokens)
             spans.append((j + first_logit, max(0, len(chunk) - first_logit)))
             for i, t in enumerate(chunk):
@@ -241,11 +270,12 @@ class LlamaModel(HasVocabulary):
                 pos0 = len(seq.tokens)
                 kept = C.llama_memory_seq_pos_max(self.memory, seq.seq_id) + 1
                 seq.tokens = (seq.tokens + list(chunk))[:kept]
+                seq.held = len(seq.tokens)
                 seq.truncate(pos0)
             raise BackendError(f"llama_decode failed with code {rc} ("
                                f"{_DECODE_ERRORS.get(rc, 'fatal error')})")
         for _, seq, chunk, _ in call:
-            seq.tokens.extend(chunk)
+            seq.after_pass(chunk)
         self._last_spans = spans
         return spans
 
@@ -301,6 +331,7 @@ class LlamaModel(HasVocabulary):
             self.decode([(seq, tokens, 1) for seq, tokens in parts])
             return None
         with self.lock:
+            self.evaluate_pending([seq for seq, _ in parts])   # (not with the tap on)
             if sum(len(tokens) for _, tokens in parts) > self.n_batch:
                 # all but each part's last token first, without outputs (in chunks)
                 self.decode([(seq, tokens[:-1], 0) for seq, tokens in parts if len(tokens) > 1])
@@ -325,18 +356,7 @@ class LlamaModel(HasVocabulary):
     def output_rows(self, ids: Sequence[int]) -> np.ndarray:
         """Rows ``ids`` of the output layer's weights (``output.weight``, or the tied token
         embeddings), dequantized to float32: shape ``(len(ids), n_embd)``."""
-        from gguf.quants import dequantize
-        name = "output.weight" if "output.weight" in self.info.tensors else "token_embd.weight"
-        dims, ttype, offset, nbytes = self.info.tensors[name]
-        n_rows = dims[1] if len(dims) > 1 else 1
-        mm = np.memmap(self.path, dtype=np.uint8, mode="r", offset=offset,
-                       shape=(n_rows, nbytes // n_rows))
-        try:
-            raw = np.asarray(mm[np.asarray(ids, dtype=np.int64)])
-        finally:
-            del mm
-        return np.ascontiguousarray(dequantize(raw, ttype).reshape(len(ids), -1),
-                                    dtype=np.float32)
+        return output_rows(self.path, self.info, ids)
 
     # -- lifetime -------------------------------------------------------------------------
 

@@ -72,6 +72,7 @@ class RemoteModel(HasVocabulary):
     with the layers on ``config.rpc``'s workers (see the module docstring)."""
 
     can_tap = False         # the hidden state would be on a worker: no reduced head
+    rollback_seconds = 0.0  # (the child's copies of a recurrent state are not reported)
 
     def __init__(self, config: ModelConfig):
         self.config = config
@@ -99,6 +100,7 @@ class RemoteModel(HasVocabulary):
         self._proc: Optional[subprocess.Popen] = None
         self._closed = False
         self._last = 0
+        self._mark = False      # a checkpoint asked for, sent with the next pass
         try:
             self._start()
         except BaseException:
@@ -127,7 +129,8 @@ class RemoteModel(HasVocabulary):
         os.close(to_child)
         os.close(from_child)
         facts = self._call("load", self.config, self.n_outputs_max)
-        self.n_ctx, self.n_batch, self.n_params, self.n_ctx_train, self.n_layer = facts
+        (self.n_ctx, self.n_batch, self.n_params, self.n_ctx_train, self.n_layer,
+         self.recurrent) = facts
         self.tokens = []
         self.n_threads = self.config.n_threads
 
@@ -207,7 +210,8 @@ class RemoteModel(HasVocabulary):
             self._restart()
         if self.before_step is not None:
             self.set_threads(self.before_step())
-        steps = self._call("eval", list(tokens), n_logits,
+        mark, self._mark = self._mark, False
+        steps = self._call("eval", list(tokens), n_logits, mark,
                            timeout=PASS_TIMEOUT + PASS_PER_TOKEN * n)
         self.tokens.extend(tokens)
         self._last = n_logits
@@ -237,6 +241,9 @@ class RemoteModel(HasVocabulary):
         """:meth:`eval` of its one sequence's part (the batched passes' interface)."""
         (seq, tokens, n_logits), = parts
         return [self.eval(tokens, n_logits)]
+
+    def checkpoint(self) -> None:   # (the child's model takes it, with the next pass)
+        self._mark = self.recurrent
 
     def truncate(self, n: int) -> None:
         if n >= len(self.tokens):
@@ -348,10 +355,12 @@ def _child(fd_in: int, fd_out: int, fd_logits: int) -> None:  # pragma: no cover
                     n_out, model.n_vocab)
                 d = model.describe()
                 reply = (model.n_ctx, model.n_batch, d["n_params"], d["n_ctx_train"],
-                         int(C.llama_model_n_layer(model._model)))
+                         int(C.llama_model_n_layer(model._model)), model.recurrent)
             elif op == "eval":
-                tokens, n_logits = args
+                tokens, n_logits, mark = args
                 steps.clear()
+                if mark:
+                    model.checkpoint()
                 rows = model.eval(tokens, n_logits)
                 if n_logits:
                     logits[:n_logits] = rows

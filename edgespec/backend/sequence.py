@@ -20,6 +20,7 @@ import numpy as np
 import llama_cpp.llama_cpp as C
 
 from ..errors import BackendError, ContextOverflowError
+from .rollback import Checkpoints
 
 
 _U8P = C.ctypes.POINTER(C.ctypes.c_uint8)
@@ -53,12 +54,26 @@ class ModelState:
 
 class KVSequence:
     """Sequence ``seq_id`` of ``model``'s context (a :class:`~.model.LlamaModel`; see the
-    module docstring)."""
+    module docstring).
+
+    ``tokens`` is what the cache holds for its callers. On a recurrent or hybrid model
+    (:mod:`.rollback`) llama.cpp may hold only ``tokens[:held]`` for a while: a truncation that
+    went back to a checkpoint below the cut leaves the tokens between them to be evaluated
+    again, which the model does before this sequence's next pass (:meth:`pending`), in a pass
+    of their own (so that a checkpoint asked for at the end of them can be taken)."""
 
     def __init__(self, model, seq_id: int):
         self.model = model
         self.seq_id = seq_id
         self.tokens: list[int] = []
+        self.held = 0                   # positions llama.cpp holds (tokens[:held])
+        self.checkpoints = (Checkpoints(model.context, seq_id, model.checkpoint_limit)
+                            if model.recurrent else None)
+        self._mark: Optional[int] = None  # a checkpoint asked for at this length
+        self.last_run = 0               # tokens of this sequence in its last llama_decode
+        self._rolled = False            # a snapshot rollback since that pass (single-use)
+        self.rollbacks = self.reevaluated = 0   # recurrent state taken back; tokens redone
+        self.redo_seconds = 0.0         # wall time evaluating tokens again
 
     @property
     def n_ctx(self) -> int:
@@ -69,20 +84,106 @@ class KVSequence:
         """This sequence alone: :meth:`LlamaModel.decode` of one part."""
         return self.model.decode([(self, tokens, n_logits)])[0]
 
+    # -- going back --------------------------------------------------------------------------
+
+    @property
+    def rollback_seconds(self) -> float:
+        """Wall time this sequence spent on going back: copying and restoring its recurrent
+        state, evaluating tokens again (0 on an attention-only model)."""
+        c = self.checkpoints
+        return 0.0 if c is None else c.save_seconds + c.restore_seconds + self.redo_seconds
+
+    def checkpoint(self) -> None:
+        """Make a later :meth:`truncate` back to the present length cheap: on a recurrent
+        model, copy the recurrent state before the next pass of this sequence (unless that
+        pass's own snapshots cover every position after it); elsewhere nothing."""
+        if self.checkpoints is not None and not self.checkpoints.has(len(self.tokens)):
+            self._mark = len(self.tokens)
+
     def truncate(self, n: int) -> None:
         """Keep only the first ``n`` positions of this sequence."""
         if n >= len(self.tokens):
             return
+        if n >= self.held:              # only tokens still to be evaluated go
+            del self.tokens[n:]
+            self._forget_above(n)
+            return
         m = self.model
         with m.lock:
             m.check_open()
-            if not C.llama_memory_seq_rm(m.memory, self.seq_id, n, -1):
-                raise BackendError(
-                    f"{m.path.name}: llama.cpp cannot remove positions from this model's cache "
-                    "(recurrent or hybrid architecture); speculative decoding needs a model "
-                    "whose cache can be trimmed — decode plainly (speculative=False)",
-                    options=("speculative",))
+            if self.checkpoints is None or n == 0 or self._snapshot_covers(self.held - n):
+                if not C.llama_memory_seq_rm(m.memory, self.seq_id, n, -1):
+                    raise BackendError(f"{m.path.name}: llama.cpp could not remove positions "
+                                       "from this model's cache")
+                self._rolled = self.checkpoints is not None and n > 0
+                self.rollbacks += self._rolled
+                self.held = n
+            else:
+                self._back_to_checkpoint(n)
             del self.tokens[n:]
+            self._forget_above(n)
+
+    def _snapshot_covers(self, back: int) -> bool:
+        """Whether llama.cpp's per-token snapshots can take this sequence ``back`` positions
+        back: within ``n_rs_seq``, inside its last pass, and not rolled back since."""
+        return 0 < back <= self.model.snapshots and back < self.last_run and not self._rolled
+
+    def _back_to_checkpoint(self, n: int) -> None:
+        m = self.model
+        try:
+            pos = self.checkpoints.restore_at_or_below(n)
+        except BackendError:
+            pos = None
+        if pos is None:                 # no copy below the cut: start over
+            C.llama_memory_seq_rm(m.memory, self.seq_id, -1, -1)
+            self.checkpoints.clear()
+            pos = 0
+        elif not C.llama_memory_seq_rm(m.memory, self.seq_id, pos, -1):
+            raise BackendError(f"{m.path.name}: llama.cpp could not trim the cache after "
+                               "restoring a recurrent state")
+        self.held = pos
+        self._rolled = False
+        self.rollbacks += 1
+        self.reevaluated += n - pos
+
+    def _forget_above(self, n: int) -> None:
+        if self.checkpoints is not None:
+            self.checkpoints.drop_above(n)
+        if self._mark is not None and self._mark > n:
+            self._mark = None
+
+    def pending(self) -> Optional[list[tuple]]:
+        """The tokens llama.cpp does not hold yet, as parts for :meth:`LlamaModel.decode`
+        (without logits; split where a checkpoint is asked for), taken off ``tokens``; None
+        when there are none."""
+        if self.held >= len(self.tokens):
+            return None
+        todo = self.tokens[self.held:]
+        del self.tokens[self.held:]
+        if self._mark is not None and self.held < self._mark < self.held + len(todo):
+            cut = self._mark - self.held
+            return [(self, todo[:cut], 0), (self, todo[cut:], 0)]
+        return [(self, todo, 0)]
+
+    def before_pass(self, n_tokens: int) -> None:
+        """Called with the model's lock held, right before ``n_tokens`` of this sequence go
+        into a ``llama_decode``: take the checkpoint asked for at this length, unless the
+        pass's own snapshots will cover every position after it."""
+        if self._mark is None or self._mark != len(self.tokens):
+            return
+        self._mark = None
+        if 2 <= n_tokens <= self.model.snapshots + 1:
+            return
+        self.checkpoints.save(len(self.tokens))
+
+    def after_pass(self, chunk: Seq[int]) -> None:
+        """Record ``chunk`` as evaluated (the last ``llama_decode`` of this sequence)."""
+        self.tokens.extend(chunk)
+        self.held = len(self.tokens)
+        self.last_run = len(chunk)
+        self._rolled = False
+
+    # -- copies of the whole cache ---------------------------------------------------------
 
     def save_state(self, buffer: Optional[Callable[[int], np.ndarray]] = None) -> "ModelState":
         """A copy of this sequence's cells in host memory (``llama_state_seq_get_data``):
@@ -92,6 +193,7 @@ class KVSequence:
         m = self.model
         with m.lock:
             m.check_open()
+            m.evaluate_pending([self])
             size = C.llama_state_seq_get_size(m.context, self.seq_id)
             # (not zeroed first, as a ctypes array is)
             data = np.empty(size, dtype=np.uint8) if buffer is None else buffer(size)
@@ -108,21 +210,36 @@ class KVSequence:
         with m.lock:
             m.check_open()
             C.llama_memory_seq_rm(m.memory, self.seq_id, -1, -1)
-            self.tokens = []
+            # the checkpoints of the prefix both texts share stay true
+            self._forget_above(_shared(self.tokens, state.tokens))
+            self.tokens, self.held, self.last_run = [], 0, 0
             if state.nbytes and not C.llama_state_seq_set_data(
                     m.context, np.frombuffer(state.data, dtype=np.uint8).ctypes.data_as(_U8P),
                     state.nbytes, self.seq_id):
                 C.llama_memory_seq_rm(m.memory, self.seq_id, -1, -1)
+                self._forget_above(0)
                 raise BackendError(f"{m.path.name}: llama.cpp refused a saved cache state")
             self.tokens = list(state.tokens)
+            self.held = len(self.tokens)
 
     def cache_span(self) -> tuple[int, int]:
-        """(first, last) position llama.cpp holds for this sequence; (-1, -1) when empty."""
+        """(first, last) position llama.cpp holds for this sequence; (-1, -1) when empty
+        (the tokens still to be evaluated are evaluated first)."""
         m = self.model
         with m.lock:
             m.check_open()
+            m.evaluate_pending([self])
             return (C.llama_memory_seq_pos_min(m.memory, self.seq_id),
                     C.llama_memory_seq_pos_max(m.memory, self.seq_id))
+
+
+def _shared(a: Seq[int], b: Seq[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def check_parts(model, parts) -> int:

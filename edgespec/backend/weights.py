@@ -1,11 +1,14 @@
 """A GGUF's weights loaded by llama.cpp with edgespec's settings (offload, extra CPU buffer
 types, devices): the ``llama_model`` that a generating context (:mod:`.model`) and an
-embedding context (:mod:`.embedding`) are made on; and how such a context is freed."""
+embedding context (:mod:`.embedding`) are made on; how such a context is freed; and the output
+layer's rows read from the file (a draft's reduced head)."""
 
 from __future__ import annotations
 
 import ctypes
 from typing import Optional
+
+import numpy as np
 
 import llama_cpp.llama_cpp as C
 
@@ -44,3 +47,19 @@ def free_context(ctx, batch) -> None:
         C.llama_batch_free(batch)
     if ctx:
         C.llama_free(ctx)
+
+
+def output_rows(path, info: GGUFInfo, ids) -> "np.ndarray":
+    """Rows ``ids`` of the output layer's weights in the GGUF at ``path`` (``output.weight``,
+    or the tied token embeddings), dequantized to float32: shape ``(len(ids), n_embd)``."""
+    from gguf.quants import dequantize
+    name = "output.weight" if "output.weight" in info.tensors else "token_embd.weight"
+    dims, ttype, offset, nbytes = info.tensors[name]
+    n_rows = dims[1] if len(dims) > 1 else 1
+    mm = np.memmap(path, dtype=np.uint8, mode="r", offset=offset,
+                   shape=(n_rows, nbytes // n_rows))
+    try:
+        raw = np.asarray(mm[np.asarray(ids, dtype=np.int64)])
+    finally:
+        del mm
+    return np.ascontiguousarray(dequantize(raw, ttype).reshape(len(ids), -1), dtype=np.float32)

@@ -137,6 +137,7 @@ class ModelDrafter:
             if tail:
                 tail += step
             ts = time.perf_counter()
+            self.model.checkpoint()     # a recurrent draft's way back to here, if rejected
             ids, vals = self._step(step)
             if not forced:      # the cost model's draft cost is a one-token step's
                 d.step_seconds.append(time.perf_counter() - ts)

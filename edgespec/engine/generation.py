@@ -36,6 +36,7 @@ def prefill(model: LanguageModel, prompt: list[int],
     """
     keep = common_prefix(model.tokens, prompt[:-1])
     model.truncate(keep)
+    model.checkpoint()      # a recurrent model's way back here (to answer again, say)
     todo = prompt[keep:]
     start = 0
     while start < len(todo):
@@ -130,7 +131,7 @@ class _Run:
         self.first_row: Optional[np.ndarray] = None     # the target's logits after the prompt
         self.t_decode: Optional[float] = None
         self.t0 = 0.0                   # when the lane was held
-        self.llama0 = self.head0 = 0.0
+        self.llama0 = self.head0 = self.back0 = 0.0
 
     def prefill(self) -> None:
         """The target's cache holds the prompt (keeping its common prefix, the last token
@@ -156,6 +157,7 @@ class _Run:
         self.t_decode = time.perf_counter()
         self.stats.prompt_seconds = self.t_decode - t0
         self.llama0 = sum(m.decode_seconds for m in self.models)
+        self.back0 = sum(m.rollback_seconds for m in self.models)
         self.head0 = self.head.seconds if self.head is not None else 0.0
 
     def decode(self) -> Iterator[StreamEvent]:
@@ -210,6 +212,7 @@ class _Run:
         s, lp = self.stats, self.stats.loop
         s.decode_seconds = time.perf_counter() - self.t_decode
         s.llama_seconds = sum(m.decode_seconds for m in self.models) - self.llama0
+        s.rollback_seconds = sum(m.rollback_seconds for m in self.models) - self.back0
         s.head_seconds = self.head.seconds - self.head0 if self.head is not None else 0.0
         s.completion_tokens = len(self.tokens)
         s.target_threads = self.target.n_threads

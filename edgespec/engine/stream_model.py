@@ -41,6 +41,13 @@ class StreamModel:
     def truncate(self, n: int) -> None:
         self.seq.truncate(n)
 
+    def checkpoint(self) -> None:
+        self.seq.checkpoint()
+
+    @property
+    def rollback_seconds(self) -> float:
+        return self.seq.rollback_seconds
+
     def save_state(self, buffer=None):
         return self.seq.save_state(buffer)
 
