@@ -22,7 +22,7 @@ own policy's choice, so a single stream decides exactly as before.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -49,6 +49,9 @@ class BatchCosts:
     target: Callable[[np.ndarray], np.ndarray]
     attention: float
     draft: Callable[[np.ndarray], np.ndarray]
+    # a stream's expected seconds of going back by K, from its acceptance reach (a recurrent
+    # target's checkpoints, restores and tokens evaluated again: Costs.rollback); None: free
+    rollback: Optional[Callable[[np.ndarray], np.ndarray]] = None
 
 
 def expected_tokens(ask: Ask) -> np.ndarray:
@@ -69,6 +72,8 @@ def plan_round(asks: Sequence[Ask], costs: BatchCosts, margin: float = 0.05,
     positions = np.array([a.position for a in asks], dtype=float)
     steps = np.arange(1, longest + 1)
     d = costs.draft
+    backs = [costs.rollback(np.cumprod(np.asarray(a.rates, dtype=float)[:a.cap]))
+             if costs.rollback is not None else np.zeros(a.cap + 1) for a in asks]
 
     def draft_seconds(ks: np.ndarray) -> float:
         b = (ks[:, None] >= steps[None, :]).sum(axis=0)
@@ -78,7 +83,7 @@ def plan_round(asks: Sequence[Ask], costs: BatchCosts, margin: float = 0.05,
     def seconds(ks: np.ndarray) -> float:
         rows = ks + 1
         return draft_seconds(ks) + float(costs.target(float(rows.sum()))) + \
-            costs.attention * float(rows @ positions)
+            costs.attention * float(rows @ positions) + sum(b[k] for b, k in zip(backs, ks))
 
     def goodput(ks: np.ndarray) -> float:
         return sum(g[k] for g, k in zip(gains, ks)) / seconds(ks)
@@ -96,7 +101,7 @@ def plan_round(asks: Sequence[Ask], costs: BatchCosts, margin: float = 0.05,
     for _ in range(sweeps):
         moved = False
         for i in range(n):
-            cand = _scan(i, ks, gains, caps, positions, costs, steps)
+            cand = _scan(i, ks, gains, caps, positions, costs, steps, backs)
             k = int(np.argmax(cand))
             if cand[k] > best * (1 + 1e-9) and k != ks[i]:
                 ks[i], best, moved = k, float(cand[k]), True
@@ -108,7 +113,7 @@ def plan_round(asks: Sequence[Ask], costs: BatchCosts, margin: float = 0.05,
 
 
 def _scan(i: int, ks: np.ndarray, gains: list, caps: np.ndarray, positions: np.ndarray,
-          costs: BatchCosts, steps: np.ndarray) -> np.ndarray:
+          costs: BatchCosts, steps: np.ndarray, backs: list) -> np.ndarray:
     """Goodput for every K of stream ``i`` (0..its cap), the others' fixed."""
     others = ks.copy()
     others[i] = 0
@@ -123,4 +128,5 @@ def _scan(i: int, ks: np.ndarray, gains: list, caps: np.ndarray, positions: np.n
     base = np.where(b > 0, costs.draft(np.maximum(b, 1)), 0.0)
     extra = costs.draft(b + 1) - base          # what stream i adds at each step
     draft = float(base.sum()) + np.concatenate(([0.0], np.cumsum(extra)))[:k.size]
-    return tokens / (draft + target)
+    back = sum(b[kk] for j, (b, kk) in enumerate(zip(backs, others)) if j != i) + backs[i][k]
+    return tokens / (draft + target + back)

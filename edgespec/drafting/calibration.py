@@ -61,6 +61,8 @@ def calibrate(target: LanguageModel, draft: Optional[LanguageModel],
                  f"{min(steps[0], steps[1])}/{steps[1]}…")
         base = len(model.tokens)
         tok = model.vocab.bos if model.vocab.bos >= 0 else 0
+        model.checkpoint()          # (a recurrent model's way back to its contents)
+        back0 = model.rollback_seconds
         t0 = time.perf_counter()
         if model is draft and head is not None:
             hidden = model.eval_hidden([tok] * n)
@@ -68,7 +70,8 @@ def calibrate(target: LanguageModel, draft: Optional[LanguageModel],
                 head.subset_logits(hidden)     # what a greedy draft step computes
         else:
             model.eval([tok] * n, min(n, model.n_outputs_max))
-        seconds = time.perf_counter() - t0
+        # (going back is measured apart: rollback_costs)
+        seconds = time.perf_counter() - t0 - (model.rollback_seconds - back0)
         model.truncate(base)
         return seconds
 
@@ -107,8 +110,38 @@ def calibrate(target: LanguageModel, draft: Optional[LanguageModel],
     draft_attention = 0.0
     if draft is not None and "draft" in best and time.perf_counter() - t_start <= budget:
         draft_attention = _draft_attention(draft, best["draft"], timed, reps)
-    return Calibration(Costs(target_costs, best.get("draft", FREE_DRAFT),
-                             draft_attention=draft_attention), quiet, elapsed, others)
+    costs = Costs(target_costs, best.get("draft", FREE_DRAFT), draft_attention=draft_attention)
+    rollback_costs(costs, target, draft)
+    return Calibration(costs, quiet, elapsed, others)
+
+
+def rollback_costs(costs: Costs, target: LanguageModel,
+                   draft: Optional[LanguageModel], reps: int = 3) -> None:
+    """Set ``costs``' figures for going back after rejected drafts (:meth:`Costs.rollback`),
+    measured on the models as the loop uses them: the target's checkpoint before a verify
+    pass of two rows and its restore when the second is rejected (nothing on an attention-only
+    model, or with llama.cpp's snapshots); the draft's checkpoint before each step (added to
+    its step) and its restore. The fastest of ``reps``; the caches end as they began."""
+    def cycle(model: LanguageModel, rows: int) -> tuple[float, float]:
+        base = len(model.tokens)
+        tok = model.vocab.bos if model.vocab.bos >= 0 else 0
+        b0 = model.rollback_seconds
+        model.checkpoint()
+        model.eval([tok] * rows, rows)
+        b1 = model.rollback_seconds
+        model.truncate(base + rows - 1)
+        b2 = model.rollback_seconds
+        model.truncate(base)
+        return b1 - b0, b2 - b1
+
+    target_cycles = [cycle(target, 2) for _ in range(reps)]
+    costs.checkpoint = min(c[0] for c in target_cycles)
+    costs.restore = min(c[1] for c in target_cycles)
+    costs.redo = costs.restore > 0      # a restored checkpoint is behind the tokens kept
+    if draft is not None:
+        draft_cycles = [cycle(draft, 1) for _ in range(reps)]
+        costs.draft += min(c[0] for c in draft_cycles)
+        costs.restore += min(c[1] for c in draft_cycles)
 
 
 # Context tokens behind the draft steps that measure the draft's attention term.

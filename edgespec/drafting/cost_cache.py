@@ -27,7 +27,8 @@ def _fingerprint(model: HiddenStateModel) -> str:
     st = model.path.stat()
     c = model.config
     return f"{model.path.resolve()}|{st.st_size}|{int(st.st_mtime)}|t{c.n_threads}|" \
-           f"ngl{c.n_gpu_layers},fa-{c.flash_attn}" + (f"@rpc={','.join(c.rpc)}" if c.rpc else "")
+           f"ngl{c.n_gpu_layers},fa-{c.flash_attn},rb-{c.rollback}" + \
+           (f"@rpc={','.join(c.rpc)}" if c.rpc else "")
 
 
 def _current(key: str, entry) -> bool:
@@ -79,7 +80,10 @@ class CostCache:
                          float(entry["draft"]), attention=float(entry.get("attention", 0.0)),
                          draft_attention=float(entry.get("draft_attention", 0.0)),
                          draft_batch={int(b): float(v) for b, v in
-                                      entry.get("draft_batch", {}).items()})
+                                      entry.get("draft_batch", {}).items()},
+                         checkpoint=float(entry.get("checkpoint", 0.0)),
+                         restore=float(entry.get("restore", 0.0)),
+                         redo=bool(entry.get("redo", False)))
         except (TypeError, ValueError, AttributeError):
             return None
 
@@ -87,7 +91,8 @@ class CostCache:
         saved = {k: v for k, v in self._read().items() if _current(k, v)}
         saved[self.key] = {"target": costs.target, "draft": costs.draft,
                            "attention": costs.attention, "draft_attention": costs.draft_attention,
-                           "draft_batch": costs.draft_batch,
+                           "draft_batch": costs.draft_batch, "checkpoint": costs.checkpoint,
+                           "restore": costs.restore, "redo": costs.redo,
                            "saved": time.time(), "source": source}
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -112,5 +117,6 @@ def calibrate_cached(target, draft, head: Optional[ReducedHead] = None, *,
     cal = calibrate(target, draft, head=head, progress=progress)
     if cal.quiet:
         cache.save(cal.costs, "calibration")
-    return Costs(dict(cal.costs.target), cal.costs.draft, busy=not cal.quiet,
-                 draft_attention=cal.costs.draft_attention)
+    c = cal.costs
+    return Costs(dict(c.target), c.draft, busy=not cal.quiet, draft_attention=c.draft_attention,
+                 checkpoint=c.checkpoint, restore=c.restore, redo=c.redo)

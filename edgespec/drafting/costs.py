@@ -52,6 +52,14 @@ class Costs:
     # included), when several streams draft together; measured for an Engine that decodes
     # several at once (measure_draft_batch).
     draft_batch: dict[int, float] = field(default_factory=dict)
+    # Going back after rejected drafts where a model's cache has a recurrent part
+    # (backend/rollback.py): seconds of the target's checkpoint before each verify pass and
+    # of restoring a state (the target's and the draft's), and whether the accepted tokens
+    # are then evaluated again (a pass of that many rows). Zero and False where going back
+    # is free (attention only, or llama.cpp's snapshots).
+    checkpoint: float = 0.0
+    restore: float = 0.0
+    redo: bool = False
 
     def adopt(self, other: "Costs") -> None:
         """Take ``other``'s figures in place (the policies and thread governors that share
@@ -59,6 +67,7 @@ class Costs:
         self.target, self.draft, self.busy = dict(other.target), other.draft, other.busy
         self.attention, self.draft_attention = other.attention, other.draft_attention
         self.draft_batch = dict(other.draft_batch) or self.draft_batch
+        self.checkpoint, self.restore, self.redo = other.checkpoint, other.restore, other.redo
         self._table()
 
     def __post_init__(self) -> None:
@@ -115,6 +124,8 @@ class Costs:
             self.draft_batch = {b: v * scale for b, v in self.draft_batch.items()}
             self.attention *= scale
             self.draft_attention *= scale
+            self.checkpoint *= scale
+            self.restore *= scale
         elif context >= ATTENTION_CONTEXT:
             # A batch over a long context: what it cost beyond the table is attention.
             base = float(self.bare(float(n)))
@@ -159,13 +170,31 @@ class Costs:
                            np.interp(b, keys, vals))
         return float(out) if out.ndim == 0 else out
 
+    def rollback(self, reach: np.ndarray) -> np.ndarray:
+        """Expected seconds of going back in rounds that draft k = 0 … len(reach) tokens,
+        ``reach[j - 1]`` the probability that the first j drafts are accepted: the target's
+        checkpoint in every drafting round, and when j < k are accepted, a restore and (with
+        ``redo``) a pass over the j + 1 tokens kept. All zeros where going back is free."""
+        k = np.arange(len(reach) + 1)
+        if not (self.checkpoint or self.restore or self.redo):
+            return np.zeros(k.size)
+        r = np.concatenate(([1.0], np.asarray(reach, dtype=float), [0.0]))
+        stop = r[:-2] - r[1:-1]             # exactly j accepted, j = 0 … len(reach) - 1
+        back = self.restore + (self.bare(np.arange(1, stop.size + 1, dtype=float))
+                               if self.redo else 0.0)
+        return np.where(k > 0, self.checkpoint, 0.0) + np.concatenate(
+            ([0.0], np.cumsum(stop * back)))
+
     def snapshot(self) -> "Costs":
         """A copy of these figures, refined apart from here on."""
         return Costs(dict(self.target), self.draft, busy=self.busy, attention=self.attention,
                      draft_attention=self.draft_attention, position=self.position,
-                     draft_batch=dict(self.draft_batch))
+                     draft_batch=dict(self.draft_batch), checkpoint=self.checkpoint,
+                     restore=self.restore, redo=self.redo)
 
     def free(self) -> "Costs":
-        """These target costs with drafts that cost nothing (n-gram lookups)."""
+        """These target costs with drafts that cost nothing (n-gram lookups; the target
+        still goes back after rejections)."""
         return Costs(dict(self.target), FREE_DRAFT, attention=self.attention,
-                     position=self.position)
+                     position=self.position, checkpoint=self.checkpoint,
+                     restore=self.restore, redo=self.redo)

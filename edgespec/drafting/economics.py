@@ -73,18 +73,20 @@ class DraftEconomics:
         """(expected tokens, expected seconds) of a round that drafts ``k`` tokens, with these
         acceptance rates per position (default: the policy's
         :meth:`~.policy.AdaptiveLength.position_rates`): the accepted drafts and the target's
-        own token, ``k`` draft steps and a pass of ``k + 1`` rows. Against decoding those
+        own token, ``k`` draft steps, a pass of ``k + 1`` rows and, on a recurrent model,
+        going back after a rejection (:meth:`~.costs.Costs.rollback`). Against decoding those
         tokens plainly it saves tokens × :meth:`pass_seconds` (1) − seconds."""
         reach = np.cumprod((self.policy.position_rates() if rates is None else rates)[:k])
         c = self.costs
-        return 1.0 + float(reach.sum()), k * c.draft_step() + c.pass_seconds(k + 1)
+        return 1.0 + float(reach.sum()), \
+            k * c.draft_step() + c.pass_seconds(k + 1) + float(c.rollback(reach)[k])
 
     def rates_by_length(self, acceptance: np.ndarray, draft: float) -> np.ndarray:
         """Expected tokens per second of a round that drafts K = 0 … len(acceptance)
         tokens, position i accepted at ``acceptance[i]``, a draft step costing ``draft``."""
         ks = np.arange(0, acceptance.size + 1)
-        seconds = ks * draft + self.costs.pass_seconds(ks + 1)
         reach = np.cumprod(acceptance)
+        seconds = ks * draft + self.costs.pass_seconds(ks + 1) + self.costs.rollback(reach)
         return (1.0 + np.concatenate(([0.0], np.cumsum(reach)))) / seconds
 
     def catch_up_pays(self, seconds: float, tokens_ahead: float) -> bool:

@@ -319,6 +319,8 @@ class AdaptiveLength:
         gain = np.cumsum(reach_each)
         c = self.costs
         cost = (ks - i - 1) * c.draft_step() + c.pass_seconds(ks + 1) - c.pass_seconds(i + 1)
+        back = c.rollback(np.cumprod(rates[:self._planned]))    # (a recurrent model's)
+        cost = cost + back[ks] - back[i + 1]
         if float(np.max(gain - self._rate * cost)) <= 0.0:
             return False
         self._reach = reach

@@ -190,7 +190,7 @@ class EngineDrafting:
     def plan_round(self, asks: list) -> list:
         """The round's draft lengths for the lanes that asked (drafting/batch.py)."""
         c = self.costs
-        return plan_round(asks, BatchCosts(c.bare, c.attention, c.draft_pass))
+        return plan_round(asks, BatchCosts(c.bare, c.attention, c.draft_pass, c.rollback))
 
     def remeasure(self, force: bool = False) -> bool:
         """Measure a busy calibration again when it is due (``force``: now); True when a
