@@ -69,9 +69,30 @@ def qwen_draft_path() -> Path:
     return _real("qwen2.5-coder-0.5b-instruct-q4_k_m")
 
 
+HYBRID_ARCHS = ("qwen35", "lfm2", "mamba2", "granitehybrid")
+
+
+@pytest.fixture(scope="session")
+def hybrid_models(tmp_path_factory, smollm2_q4_path) -> dict:
+    """Small random-weight models of the hybrid and recurrent architectures no real GGUF of
+    which can be fetched here (edgespec/bench/synthetic.py), with SmolLM2's tokenizer: by
+    architecture, its F32 target and two lower-precision copies, ``{"F32": path, "Q8_0":
+    path, "Q4_0": path}`` (the Q8_0 agrees with the target on most tokens, the Q4_0 on about
+    two thirds: a draft that is often rejected)."""
+    from edgespec.backend.quantize import quantize
+    from edgespec.bench.synthetic import TINY, write_model
+    root = tmp_path_factory.mktemp("hybrid")
+    models = {}
+    for arch in HYBRID_ARCHS:
+        f32 = write_model(TINY[arch], root / f"{arch}.F32.gguf", smollm2_q4_path, seed=1)
+        models[arch] = {"F32": f32, **{q: quantize(f32, root / f"{arch}.{q}.gguf", q)
+                                       for q in ("Q8_0", "Q4_0")}}
+    return models
+
+
 MODEL_FIXTURES = {"smollm2_q4_path", "smollm2_f32_path", "smollm2_f16_path", "smollm2_q2k_path",
                   "gemma_q4_path", "gemma_f32_path", "minilm_path", "qwen_target_path",
-                  "qwen_draft_path"}
+                  "qwen_draft_path", "hybrid_models"}
 
 
 def pytest_collection_modifyitems(items):
