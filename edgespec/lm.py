@@ -27,6 +27,15 @@ if TYPE_CHECKING:
 _VOCAB_TYPES = {0: "none", 1: "SPM", 2: "BPE", 3: "WPM", 4: "UGM", 5: "RWKV", 6: "PLaMo-2"}
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n = min(len(a), len(b))
+    if n and a[:n] == b[:n]:
+        return n
+    diff = np.flatnonzero(np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64))
+    return int(diff[0]) if diff.size else n
+
+
 @dataclass(frozen=True)
 class VocabInfo:
     """Tokenizer facts the pair check and the decoding loop need."""

@@ -29,25 +29,14 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Optional, Protocol, Sequence
 
-import numpy as np
-
 from .errors import InvalidParameterError
-from .lm import SavedState, StatefulModel
+from .lm import SavedState, StatefulModel, common_prefix
 
 log = logging.getLogger(__name__)
 
 # A state is kept aside, or brought back, only when it saves evaluating at least this many
 # tokens: below that, evaluating is as cheap as copying.
 MIN_TOKENS = 32
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens ``a`` and ``b`` share."""
-    n = min(len(a), len(b))
-    if n and a[:n] == b[:n]:
-        return n
-    diff = np.flatnonzero(np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64))
-    return int(diff[0]) if diff.size else n
 
 
 class Companion(Protocol):

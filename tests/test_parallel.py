@@ -201,10 +201,10 @@ def eng(smollm2_f32_path, smollm2_q4_path):
         yield e
 
 
-def together(eng: Engine, sampling: SamplingParams, n: int = 48) -> dict:
-    """Each prompt's answer, the three generated at once (from three threads)."""
+def together(eng: Engine, sampling: SamplingParams, n: int = 48, prompts=PROMPTS) -> dict:
+    """Each prompt's answer, all generated at once (from a thread each)."""
     out, errors = {}, []
-    start = threading.Barrier(len(PROMPTS))
+    start = threading.Barrier(len(prompts))
 
     def run(p: str) -> None:
         try:
@@ -212,7 +212,7 @@ def together(eng: Engine, sampling: SamplingParams, n: int = 48) -> dict:
             out[p] = eng.generate(p, raw=True, max_tokens=n, sampling=sampling)
         except BaseException as e:  # noqa: BLE001 - raised below
             errors.append(e)
-    threads = [threading.Thread(target=run, args=(p,)) for p in PROMPTS]
+    threads = [threading.Thread(target=run, args=(p,)) for p in prompts]
     for t in threads:
         t.start()
     for t in threads:

@@ -25,7 +25,7 @@ import numpy as np
 
 import llama_cpp.llama_cpp as C
 
-from ..config import CHECKPOINTS, SNAPSHOT_ROWS, ModelConfig
+from ..config import SNAPSHOT_ROWS, ModelConfig
 from ..errors import BackendError, ModelLoadError
 from ..gguf_file import GGUFInfo, check_causal_lm, read_gguf
 from ..lm import VocabInfo
@@ -92,7 +92,6 @@ class LlamaModel(HasVocabulary):
         self.n_ctx_train = C.llama_model_n_ctx_train(model)
         self.n_embd = C.llama_model_n_embd(model)
         self.recurrent = is_recurrent(model)     # (going back takes rollback.py's copies)
-        self.checkpoint_limit = CHECKPOINTS
         n_seq = config.n_seq
         self.n_outputs_max = min(config.n_outputs_max, config.n_batch)      # per sequence
         # all sequences' rows in one call, within the batch

@@ -19,7 +19,9 @@ import numpy as np
 
 import llama_cpp.llama_cpp as C
 
+from ..config import CHECKPOINTS
 from ..errors import BackendError, ContextOverflowError
+from ..lm import common_prefix
 from .rollback import Checkpoints
 
 
@@ -67,7 +69,7 @@ class KVSequence:
         self.seq_id = seq_id
         self.tokens: list[int] = []
         self.held = 0                   # positions llama.cpp holds (tokens[:held])
-        self.checkpoints = (Checkpoints(model.context, seq_id, model.checkpoint_limit)
+        self.checkpoints = (Checkpoints(model.context, seq_id, CHECKPOINTS)
                             if model.recurrent else None)
         self._mark: Optional[int] = None  # a checkpoint asked for at this length
         self.last_run = 0               # tokens of this sequence in its last llama_decode
@@ -211,7 +213,7 @@ class KVSequence:
             m.check_open()
             C.llama_memory_seq_rm(m.memory, self.seq_id, -1, -1)
             # the checkpoints of the prefix both texts share stay true
-            self._forget_above(_shared(self.tokens, state.tokens))
+            self._forget_above(common_prefix(self.tokens, state.tokens))
             self.tokens, self.held, self.last_run = [], 0, 0
             if state.nbytes and not C.llama_state_seq_set_data(
                     m.context, np.frombuffer(state.data, dtype=np.uint8).ctypes.data_as(_U8P),
@@ -231,15 +233,6 @@ class KVSequence:
             m.evaluate_pending([self])
             return (C.llama_memory_seq_pos_min(m.memory, self.seq_id),
                     C.llama_memory_seq_pos_max(m.memory, self.seq_id))
-
-
-def _shared(a: Seq[int], b: Seq[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def check_parts(model, parts) -> int:
