@@ -224,6 +224,9 @@ FLASH_ATTN = ("auto", "on", "off")
 ROLLBACK = ("auto", "checkpoints", "snapshots")
 SNAPSHOT_ROWS = 8           # positions llama.cpp's snapshots reach back (its n_rs_seq)
 CHECKPOINTS = 16            # most recurrent-state copies kept per sequence
+# ... and at most this much memory for them (at least two copies): Qwen3.5-0.8B's state is
+# 19 MiB, and fresh memory costs more to touch than a copy (docs/decisions.md)
+CHECKPOINT_MIB = 64
 
 
 def default_threads() -> int:

@@ -53,12 +53,14 @@ class _Copy:
 
 
 class Checkpoints:
-    """Copies of one sequence's recurrent state, at most ``limit`` of them (kept spread out:
-    :meth:`_thinnest`), each at the position whose state it holds. Calls into llama.cpp are
-    the caller's to serialise (under the model's lock)."""
+    """Copies of one sequence's recurrent state, at most ``limit`` of them and ``max_bytes``
+    in all (but two at least; kept spread out: :meth:`_thinnest`), each at the position whose
+    state it holds. Calls into llama.cpp are the caller's to serialise (under the model's
+    lock)."""
 
-    def __init__(self, context, seq_id: int, limit: int):
+    def __init__(self, context, seq_id: int, limit: int, max_bytes: int = 1 << 62):
         self._ctx, self.seq_id, self.limit = context, seq_id, max(1, limit)
+        self.max_bytes = max_bytes
         self._copies: list[_Copy] = []        # by position, ascending
         self._pool: list[np.ndarray] = []
         self.saved = self.restored = 0        # counters (statistics, the cost model)
@@ -87,7 +89,7 @@ class Checkpoints:
             raise BackendError("llama.cpp could not copy this model's recurrent state")
         self.drop_above(pos - 1)
         self._copies.append(_Copy(pos, buf, written))
-        if len(self._copies) > self.limit:
+        if len(self._copies) > min(self.limit, max(2, self.max_bytes // written)):
             self._pool.append(self._copies.pop(self._thinnest()).data)
         self.saved += 1
         self.save_seconds += time.perf_counter() - t0

@@ -19,7 +19,7 @@ import numpy as np
 
 import llama_cpp.llama_cpp as C
 
-from ..config import CHECKPOINTS
+from ..config import CHECKPOINT_MIB, CHECKPOINTS
 from ..errors import BackendError, ContextOverflowError
 from ..lm import common_prefix
 from .rollback import Checkpoints
@@ -69,7 +69,8 @@ class KVSequence:
         self.seq_id = seq_id
         self.tokens: list[int] = []
         self.held = 0                   # positions llama.cpp holds (tokens[:held])
-        self.checkpoints = (Checkpoints(model.context, seq_id, CHECKPOINTS)
+        self.checkpoints = (Checkpoints(model.context, seq_id, CHECKPOINTS,
+                                        CHECKPOINT_MIB << 20)
                             if model.recurrent else None)
         self._mark: Optional[int] = None  # a checkpoint asked for at this length
         self.last_run = 0               # tokens of this sequence in its last llama_decode
@@ -176,7 +177,12 @@ class KVSequence:
         self._mark = None
         if 2 <= n_tokens <= self.model.snapshots + 1:
             return
-        self.checkpoints.save(len(self.tokens))
+        try:
+            self.checkpoints.save(len(self.tokens))
+        except BackendError as e:
+            raise BackendError(f"{self.model.path.name}: {e}, so rejected drafts cannot be "
+                               "taken back: decode without speculation (speculative=False, "
+                               "--no-spec)") from None
 
     def after_pass(self, chunk: Seq[int]) -> None:
         """Record ``chunk`` as evaluated (the last ``llama_decode`` of this sequence)."""
