@@ -182,6 +182,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--flash-attn", choices=config.FLASH_ATTN, default=ModelConfig.flash_attn,
                    help="llama.cpp's flash attention (its -fa): auto (default) is llama.cpp's "
                         "choice; on or off decide")
+    g.add_argument("--rollback", choices=config.ROLLBACK, default=ModelConfig.rollback,
+                   help="how a hybrid or recurrent model (Qwen3.5, LFM2, Mamba) takes back "
+                        "rejected drafts: auto (default: checkpoints), checkpoints (copies of "
+                        "its recurrent state), snapshots (llama.cpp's per-token states; qwen35, "
+                        "lfm2 and nemotron_h only)")
     g.add_argument("--no-spec", action="store_true", help="plain target-only decoding")
     g.add_argument("--verbose", action="store_true", help="show llama.cpp's own log")
 
@@ -300,7 +305,7 @@ def load_engine(args, say: Callable[[str], None] = status, **overrides):
               recalibrate=args.recalibrate, progress=progress,
               rpc=args.rpc, draft_rpc=args.draft_rpc,
               cpu_extra_buffers=args.cpu_extra_buffers, flash_attn=args.flash_attn,
-              suffix=not args.no_suffix_index)
+              rollback=args.rollback, suffix=not args.no_suffix_index)
     try:
         return Engine.load(**{**kw, **overrides})
     finally:
