@@ -52,6 +52,8 @@ class Shape:
     # a Q8_0 copy picks the F32 model's greedy token ~96% of the time, a Q4_0 copy ~65%; at 2,
     # ~99% and ~95%.
     sharpness: float = 1.0
+    # Text stays among this many lowest token ids (see _values); None: the whole vocabulary.
+    common: Optional[int] = None
     n_ctx_train: int = 32768
 
     def is_attention(self, il: int) -> bool:
@@ -82,11 +84,16 @@ TINY = {
 SHAPES = {
     "qwen3.5-0.8b": Shape("qwen35", 1024, 24, 3584, 8, 2, 256, attn_every=4, ssm_state=128,
                           ssm_groups=16, ssm_heads=16, ssm_head_dim=128, n_vocab=248320,
-                          n_ctx_train=262144),
+                          common=8192, n_ctx_train=262144),
     "qwen3.5-2b": Shape("qwen35", 2048, 24, 6144, 8, 2, 256, attn_every=4, ssm_state=128,
                         ssm_groups=16, ssm_heads=16, ssm_head_dim=128, n_vocab=248320,
-                        n_ctx_train=262144),
+                        common=8192, n_ctx_train=262144),
 }
+# A draft-sized model of Qwen3.5's vocabulary (no such release: the family's smallest is the
+# 0.8B), whose text follows the same chain of favourite tokens (the same seed): a cheap draft
+# that agrees with the others on most tokens.
+SHAPES["qwen3.5-draft"] = replace(TINY["qwen35"], n_vocab=248320, common=8192,
+                                  n_ctx_train=262144)
 # The attention-only twin of each: every layer attention, the same width, depth, MLP and
 # vocabulary (Qwen3's architecture: q/k norms, no gates).
 for _name, _s in list(SHAPES.items()):
@@ -122,7 +129,7 @@ def write_model(shape: Shape, path: str | os.PathLike, tokenizer_from: str | os.
     w.write_ti_data_to_file()
     for name, ne, init in tensors:
         np_dtype = _dtype(dtype, name, ne, init)
-        w.write_tensor_data(_values(name, ne, init, seed, shape.sharpness)
+        w.write_tensor_data(_values(name, ne, init, seed, shape.sharpness, shape.common)
                             .astype(np_dtype, copy=False))
     w.close()
     os.replace(tmp, path)
@@ -279,7 +286,8 @@ def _dtype(dtype: str, name: str, ne: tuple, init: str) -> type:
     return np.float16 if half else np.float32
 
 
-def _values(name: str, ne: tuple, init: str, seed: int, sharpness: float = 1.0) -> np.ndarray:
+def _values(name: str, ne: tuple, init: str, seed: int, sharpness: float = 1.0,
+            common: Optional[int] = None) -> np.ndarray:
     """The tensor's values, numpy-shaped (ne reversed), from a stream keyed by its name."""
     rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
     shape = tuple(reversed(ne))
@@ -287,8 +295,13 @@ def _values(name: str, ne: tuple, init: str, seed: int, sharpness: float = 1.0) 
         # Each token's embedding points at one next token (a random permutation), as a trained
         # head's rows line up with what follows: a clear favourite at most positions, which a
         # low-bit copy keeps, on top of random rows that make the rest of the text vary.
+        # The common tokens (the lowest ids of a BPE vocabulary, ordered by merge rank) point
+        # at common tokens, the rest at the rest: text stays among the ``common`` ids, as real text
+        # mostly does (a draft's reduced output layer keeps the low ids: drafting/reduced_head).
         embd = _values("token_embd.weight", ne, "embd", seed)
-        follow = np.random.default_rng([seed, 1]).permutation(ne[1])
+        perm = np.random.default_rng([seed, 1]).permutation
+        low = min(common or ne[1], ne[1])
+        follow = np.concatenate([perm(low), low + perm(ne[1] - low)])
         out = rng.standard_normal(shape, dtype=np.float32) * np.float32(4.0 / np.sqrt(ne[0]))
         out += np.float32(sharpness / np.sqrt(ne[0])) * embd[follow]
         return out
