@@ -15,7 +15,6 @@ part left as the rejected drafts made it) and must be caught by the same compari
 from __future__ import annotations
 
 import hashlib
-import threading
 
 import numpy as np
 import pytest
@@ -27,6 +26,7 @@ from edgespec.backend.rollback import PARTIAL
 from edgespec.backend.sequence import KVSequence
 
 from conftest import HYBRID_ARCHS
+from test_parallel import together
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ",
@@ -101,22 +101,8 @@ def test_four_streams_at_once_equal_plain_decoding(hybrid_models, arch):
     with Engine.load(m["F32"], m["Q4_0"], n_ctx=512, draft_max=6, parallel=4,
                      suffix=False) as eng:
         want = {p: plain(eng, arch, p) for p in PROMPTS}
-        got, errors = {}, []
-        start = threading.Barrier(len(PROMPTS))
         passes = eng.lanes.rounds.passes
-
-        def one(p):
-            try:
-                start.wait()
-                got[p] = eng.generate(p, max_tokens=N_NEW, sampling=GREEDY, raw=True)
-            except BaseException as e:  # noqa: BLE001 - reported below
-                errors.append(e)
-        threads = [threading.Thread(target=one, args=(p,)) for p in PROMPTS]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert not errors, errors
+        got = together(eng, GREEDY, N_NEW, PROMPTS)
         assert {p: g.tokens for p, g in got.items()} == want
         assert sum(g.stats.drafted for g in got.values()) > 0
         assert eng.lanes.rounds.passes > passes     # some passes held several streams
@@ -193,3 +179,175 @@ def test_leaving_the_rollback_out_is_caught(hybrid_models, arch, monkeypatch):
                   if eng.generate(p, max_tokens=N_NEW, sampling=GREEDY, raw=True).tokens
                   != plain(eng, arch, p)]
     assert len(differ) >= len(PROMPTS) // 2, differ
+
+
+def test_seeded_sampling_is_the_same_with_and_without_speculation(hybrid_models, arch):
+    m = hybrid_models[arch]
+    drafted = 0
+    with Engine.load(m["F32"], m["Q4_0"], n_ctx=512, draft_max=4, suffix=False) as eng:
+        for i, p in enumerate(PROMPTS):
+            s = SamplingParams(temperature=1.0, seed=100 + i)
+            spec = eng.generate(p, max_tokens=N_NEW, sampling=s, raw=True)
+            alone = eng.generate(p, max_tokens=N_NEW, sampling=s, raw=True, speculative=False)
+            assert spec.tokens == alone.tokens, p
+            drafted += spec.stats.drafted
+    assert drafted > 0
+
+
+PERSON = {"type": "object",
+          "properties": {"name": {"type": "string", "maxLength": 16},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 130}},
+          "required": ["name", "age"], "additionalProperties": False}
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                   "required": ["city"], "additionalProperties": False}}}
+
+
+def test_constrained_output_and_tool_calls_equal_plain_decoding(hybrid_models, arch):
+    from edgespec import Constraint
+    m = hybrid_models[arch]
+    with Engine.load(m["F32"], m["Q4_0"], n_ctx=1024, draft_max=4, suffix=False) as eng:
+        for kwargs in ({"constraint": Constraint.json_schema(PERSON)},
+                       {"tools": [WEATHER], "tool_choice": "required"}):
+            ask = [{"role": "user", "content": "Who is in the picture, and the weather?"}]
+            spec = eng.generate(ask, max_tokens=64, sampling=GREEDY, **kwargs)
+            alone = eng.generate(ask, max_tokens=64, sampling=GREEDY, speculative=False,
+                                 **kwargs)
+            assert spec.tokens == alone.tokens, kwargs
+            assert spec.stats.drafted > 0
+        assert alone.tool_calls and alone.tool_calls[0].name == "get_weather"
+
+
+def test_drafts_across_vocabularies_to_and_from_a_hybrid(hybrid_models, gemma_q4_path,
+                                                         gemma_f32_path, smollm2_q4_path,
+                                                         tmp_path):
+    """A hybrid target with Gemma's tokenizer drafted by SmolLM2 (another tokenizer, most of
+    whose tokens are Gemma's), and Gemma drafted by a hybrid with SmolLM2's tokenizer."""
+    from edgespec.bench.synthetic import TINY, write_model
+    hybrid = write_model(TINY["qwen35"], tmp_path / "qwen35-gemma-vocab.gguf", gemma_q4_path,
+                         seed=1, dtype="F16")
+    for target, draft, arch in ((hybrid, smollm2_q4_path, "qwen35-gemma-vocab"),
+                                (gemma_f32_path, hybrid_models["qwen35"]["Q8_0"], "gemma")):
+        with Engine.load(target, draft, n_ctx=512, draft_max=4, suffix=False) as eng:
+            assert eng.vocab_map is not None
+            stats = check_against_plain(eng, arch, PROMPTS[:2])
+            assert sum(s.drafted for s in stats) > 0
+
+
+def test_pair_derive_run_chat_and_serve_a_hybrid(hybrid_models, tmp_path):
+    """The commands as a user runs them on a hybrid: `pair derive` makes its own draft,
+    `run` with it answers as `run --no-spec` does, `chat` answers, `serve` answers over
+    HTTP what plain decoding answers."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from server_helpers import ServerProcess, post, stop_checked
+
+    def edgespec(*args, stdin=None):
+        return subprocess.run([sys.executable, "-m", "edgespec", *map(str, args)], input=stdin,
+                              capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "EDGESPEC_MODELS": str(tmp_path / "models")})
+
+    target = hybrid_models["qwen35"]["F32"]
+    draft = tmp_path / "draft.gguf"
+    proc = edgespec("pair", "derive", target, "--quant", "Q4_0", "--out", draft)
+    assert proc.returncode == 0 and "pair check passed" in proc.stderr, proc.stderr
+
+    prompt = "The capital of France is"
+    common = ["--raw", "--json", "-n", "24", "--temperature", "0", "--target", target]
+    runs = [edgespec("run", *common, *extra, prompt)
+            for extra in (["--draft", draft, "--draft-max", "4"], ["--no-spec"])]
+    assert all(r.returncode == 0 for r in runs), [r.stderr for r in runs]
+    spec, alone = (json.loads(r.stdout) for r in runs)
+    assert spec["tokens"] == alone["tokens"] and spec["stats"]["drafted"] > 0
+
+    chat = edgespec("chat", "--target", target, "--draft", draft, "--temperature", "0",
+                    "--max-tokens", "16", stdin="Hello there\n/stats\n")
+    assert chat.returncode == 0 and "Traceback" not in chat.stderr, chat.stderr
+    assert any(line.startswith("last answer: [") for line in chat.stdout.splitlines())
+
+    server = ServerProcess("--target", target, "--draft", draft, "--draft-max", "4")
+    try:
+        status, body = post(server.port, "/v1/completions",
+                            {"prompt": prompt, "max_tokens": 24, "temperature": 0})
+        assert status == 200, body
+        assert body["choices"][0]["text"] == alone["text"]
+    finally:
+        stop_checked(server)
+
+
+# -- sampling at T = 1 against the target's exact law ---------------------------------------
+
+STAT_PROMPT = "My favourite colour is"
+STAT_PARAMS = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+STAT_TOKENS = 4
+STAT_RUNS = 400
+
+
+@pytest.fixture(scope="module")
+def stat_case(hybrid_models, smollm2_q4_path, tmp_path_factory):
+    """A qwen35 model whose answers at T = 1 spread over many tokens (a soft output head), its
+    Q4_0 copy as the draft, the exact law of its first STAT_TOKENS tokens, and an Engine
+    drafting two tokens a round (each answer: the prompt's token, then rounds that reject
+    often and go back)."""
+    from dataclasses import replace
+
+    from edgespec.backend import LlamaModel, quantize
+    from edgespec.bench.synthetic import TINY, write_model
+    from edgespec.config import ModelConfig
+    from test_qwen_pair import joint_law
+    root = tmp_path_factory.mktemp("soft")
+    f32 = write_model(replace(TINY["qwen35"], sharpness=STAT_SHARPNESS), root / "soft.gguf",
+                      smollm2_q4_path, seed=3)
+    draft = quantize(f32, root / "soft.Q4_0.gguf", "Q4_0")
+    ref = LlamaModel(ModelConfig(f32, n_ctx=256))
+    try:
+        law = joint_law(ref, ref.tokenize(STAT_PROMPT), STAT_PARAMS, STAT_TOKENS)
+    finally:
+        ref.close()
+    with Engine.load(f32, draft, n_ctx=256, draft_max=2, suffix=False, cache_ram=0) as eng:
+        assert eng.prompt_tokens(STAT_PROMPT, raw=True) == eng.target.tokenize(STAT_PROMPT)
+        yield law, eng
+
+
+STAT_SHARPNESS = 1.6     # most answers in a few cells at T = 1 (flatter heads spread thin)
+
+
+def sample_runs(eng: Engine) -> tuple[list[tuple], int, int]:
+    """STAT_RUNS answers' token tuples, and the tokens drafted and accepted in all."""
+    out, drafted, accepted = [], 0, 0
+    for _ in range(STAT_RUNS):
+        g = eng.generate(STAT_PROMPT, max_tokens=STAT_TOKENS, sampling=STAT_PARAMS, raw=True)
+        out.append(tuple(g.tokens))
+        drafted += g.stats.drafted
+        accepted += g.stats.accepted
+    return out, drafted, accepted
+
+
+@pytest.mark.slow
+def test_sampling_on_a_hybrid_pair_emits_the_targets_joint_law(stat_case):
+    from goodness import ALPHA
+    from test_qwen_pair import OTHER, g_against
+    law, eng = stat_case
+    assert law[OTHER] < 0.5          # the cells hold most answers: the test has power
+    runs, drafted, accepted = sample_runs(eng)
+    assert drafted >= STAT_RUNS and 0 < accepted < drafted      # rejections, rollbacks
+    g, df, p = g_against(law, runs)
+    assert p >= ALPHA, f"G = {g:.1f} on {df} degrees of freedom, p = {p:.2e}"
+
+
+@pytest.mark.slow
+def test_leaving_the_rollback_out_fails_the_same_test(stat_case, monkeypatch):
+    """Negative control: sampling from a recurrent state the rejected drafts moved on."""
+    from goodness import ALPHA, excess
+    from test_qwen_pair import g_against
+    monkeypatch.setattr(KVSequence, "_back_to_checkpoint", leave_rollback_out)
+    law, eng = stat_case
+    runs, drafted, _ = sample_runs(eng)
+    assert drafted >= STAT_RUNS
+    g, df, _ = g_against(law, runs)
+    print(f"\ncontrol: G = {g:.1f} on {df} df, {excess(g, df, ALPHA):.1f}x the critical value")
+    assert excess(g, df, ALPHA) >= 1.0, f"G = {g:.1f} on {df} degrees of freedom"
