@@ -227,6 +227,11 @@ CHECKPOINTS = 16            # most recurrent-state copies kept per sequence
 # ... and at most this much memory for them (at least two copies): Qwen3.5-0.8B's state is
 # 19 MiB, and fresh memory costs more to touch than a copy (docs/decisions.md)
 CHECKPOINT_MIB = 64
+# After a restore, at most this many tokens to evaluate again go at the front of the
+# sequence's next pass rather than in a pass of their own (which costs a pass's fixed part
+# more: docs/decisions.md#recurrent-rollback); more wait for a pass of their own, after
+# which a checkpoint can be taken.
+REDO_FOLD = 4
 
 
 def default_threads() -> int:

@@ -28,6 +28,16 @@ run back to back per prompt, their order rotating. Times are the generations' ow
 seconds. Every speculative answer must equal plain's (greedy is lossless); a mismatch prints
 loudly and makes the exit status 1.
 
+Part 3, the same drafts (``--agreement``): the random-weight hybrid and its twin write
+different text, and their drafts agree with them differently (a twin's text falls into loops
+the n-gram drafts copy whole), so part 2 does not compare like with like. Here each target
+is drafted by a replay of its own plain answer in which each position is wrong with
+probability 1 − agreement, decided by a seeded hash of (prompt, position): the same accept
+and reject pattern on both. A draft step costs what the ``qwen3.5-draft`` model's step costs
+(the twin's draft, measured by the engine's calibration; the replay sleeps that long, on
+both), and the cost model
+chooses K over the engine's calibrated costs, as with any model draft.
+
 Printed: tokens/s, the ratio to plain, acceptance, tokens per target pass, the rollback's
 share of decode time (checkpoints saved and restored, tokens evaluated again:
 ``stats.rollback_seconds`` over ``decode_seconds``), and per pair the hybrid's speed-up beside
@@ -46,6 +56,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import llama_cpp.llama_cpp as C
+import numpy as np
 
 from edgespec import Engine, SamplingParams
 from edgespec.backend import LlamaModel, quantize
@@ -53,6 +64,10 @@ from edgespec.backend.rollback import PARTIAL
 from edgespec.bench.prompts import PROMPT_SETS
 from edgespec.bench.synthetic import SHAPES, TINY, write_model
 from edgespec.config import ModelConfig
+from edgespec.drafting.base import Draft
+from edgespec.drafting.policy import AdaptiveLength
+from edgespec.sampling import Dist
+from edgespec.speculative import LoopStats, decode
 from edgespec.registry import model_path
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -165,6 +180,8 @@ def decode_pair(root: Path, label: str, t: tuple, d: tuple, hybrid: bool, n: int
     try:
         for e in engines.values():      # calibration (once per pair, cached) and warm-up
             e.generate(prompts[0], max_tokens=8, sampling=GREEDY)
+        seqs = {c: e.target.sequences[0] for c, e in engines.items()}
+        rb0 = {c: (s.rollbacks, s.reevaluated) for c, s in seqs.items()}   # not calibration's
         order = 0
         for _ in range(repeats):
             for p in prompts:
@@ -188,13 +205,108 @@ def decode_pair(root: Path, label: str, t: tuple, d: tuple, hybrid: bool, n: int
                     if answers[c] != answers["plain"]:
                         mismatches += 1
                         print(f"!!! MISMATCH {label} {c} on {p!r}", flush=True)
-        seqs = {c: e.target.sequences[0] for c, e in engines.items()}
         out = {"configs": res, "mismatches": mismatches,
-               "target_rollbacks": {c: [s.rollbacks, s.reevaluated] for c, s in seqs.items()}}
+               "target_rollbacks": {c: [s.rollbacks - rb0[c][0], s.reevaluated - rb0[c][1]]
+                                    for c, s in seqs.items()}}
         return out
     finally:
         for e in engines.values():
             e.close()
+
+
+class Replay:
+    """A drafter proposing the target's own plain answer ``ref`` (after ``start`` prompt
+    tokens), each position wrong with probability ``1 - agreement`` (seeded per prompt and
+    position), sleeping ``step`` seconds per drafted token, its length chosen by ``policy``."""
+
+    def __init__(self, ref, start, agreement, key, policy, step, n_vocab):
+        self.ref, self.start, self.agreement, self.key = ref, start, agreement, key
+        self.policy, self.step, self.n_vocab = policy, step, n_vocab
+        self._planned = 0
+
+    def _token(self, i: int) -> int:
+        right = np.random.default_rng([self.key, i]).random() < self.agreement
+        return self.ref[i] if right else (self.ref[i] + 1) % self.n_vocab
+
+    def begin(self, context, limit):
+        pass
+
+    def plan(self) -> int:
+        self._planned = self.policy.plan()
+        return self._planned
+
+    def draft(self, context, k_max, params, rng, should_stop, constraint=None):
+        t0, i0, x = time.perf_counter(), len(context) - self.start, []
+        for i in range(min(k_max, self._planned, len(self.ref) - i0)):
+            if should_stop() or not self.policy.keep_drafting(i, 0.9):
+                break
+            time.sleep(self.step)
+            x.append(self._token(i0 + i))
+        return Draft(x, [Dist.one_hot(t) for t in x], [0.9] * len(x),
+                     step_seconds=[self.step] * len(x), source="model",
+                     seconds=time.perf_counter() - t0)
+
+    def observe(self, draft, n_accepted, verify_seconds):
+        k, n, conf = draft.own(n_accepted)
+        self.policy.observe(k, n, conf, draft.step_seconds, verify_seconds,
+                            k_verified=len(draft.x))
+
+    def rollback(self, n_keep):
+        pass
+
+
+def _decode(model, prompt, n, drafter) -> tuple[list[int], float, LoopStats, float]:
+    """One greedy generation on ``model`` (its sequence emptied first): tokens, decode
+    seconds, the loop's counters and the rollback seconds it caused."""
+    model.truncate(0)
+    model.eval(prompt[:-1], 0)
+    seq = model.sequences[0]
+    before = seq.rollback_seconds
+    context, stats = list(prompt), LoopStats()
+    t0 = time.perf_counter()
+    out = [s.token for s in decode(model, context, params=GREEDY, rng=np.random.default_rng(0),
+                                    max_new=n, drafter=drafter, stats=stats)]
+    return out, time.perf_counter() - t0, stats, seq.rollback_seconds - before
+
+
+def same_drafts(root: Path, t: tuple, small: tuple, hybrid: bool, n: int, repeats: int,
+                prompts: list[str], agreements: list[float], step: float = None) -> dict:
+    """Part 3 for one target: plain, then a :class:`Replay` at each agreement, interleaved;
+    a draft step costs ``step`` seconds (None: the ``small`` model's calibrated step)."""
+    suffix = "" if hybrid else "-attention"
+    eng = Engine.load(file(root, t[0] + suffix, t[1]), file(root, small[0] + suffix, small[1]),
+                      n_ctx=2048, cache_ram=0, suffix=False)
+    try:
+        eng.generate(prompts[0], max_tokens=8, sampling=GREEDY)     # calibration, warm-up
+        costs, model = eng._drafting.costs, eng.target
+        step = costs.draft_step() if step is None else step
+        costs.draft = step
+        configs = ["plain", *(f"a={a:.2f}" for a in agreements)]
+        res = {c: {"tokens": 0, "seconds": 0.0, "drafted": 0, "accepted": 0, "passes": 0,
+                   "rollback": 0.0} for c in configs}
+        mismatches, order = 0, 0
+        for r in range(repeats):
+            for j, p in enumerate(prompts):
+                prompt = eng.prompt_tokens([{"role": "user", "content": p}])
+                ref, *_ = _decode(model, prompt, n, None)
+                for i in range(len(configs)):
+                    c = configs[(order + i) % len(configs)]
+                    drafter = None if c == "plain" else Replay(
+                        ref, len(prompt), float(c[2:]), 1000 * r + j,
+                        AdaptiveLength(costs.snapshot()), step, model.n_vocab)
+                    out, secs, s, rb = _decode(model, prompt, n, drafter)
+                    mismatches += out != ref
+                    v = res[c]
+                    v["tokens"] += len(out)
+                    v["seconds"] += secs
+                    v["drafted"] += s.drafted
+                    v["accepted"] += s.accepted
+                    v["passes"] += s.target_passes
+                    v["rollback"] += rb
+                order += 1
+        return {"configs": res, "mismatches": mismatches, "step": step}
+    finally:
+        eng.close()
 
 
 def report_pair(label: str, kind: str, r: dict) -> dict:
@@ -209,8 +321,44 @@ def report_pair(label: str, kind: str, r: dict) -> dict:
         share = 100 * v["rollback"] / v["seconds"] if v["seconds"] else 0.0
         print(f"  {label:<16} {kind:<9} {c:<9} {tps:7.2f} tok/s  {ratios[c]:5.2f}x  "
               f"acc {acc:>4}  {tpp:4.2f} tok/pass  rollback {share:4.1f}%", flush=True)
-    print(f"  {'':<16} {kind:<9} target rollbacks, tokens redone: {r['target_rollbacks']}")
+    if r["target_rollbacks"] != "-":
+        print(f"  {'':<16} {kind:<9} target rollbacks, tokens redone: "
+              f"{r['target_rollbacks']}")
     return ratios
+
+
+def part3(root: Path, a, prompts: list[str], result: dict) -> int:
+    print(f"part 3: the same drafts (a replay of plain's answer, agreement {a.agreement}), "
+          f"greedy, {a.n} tokens", flush=True)
+    bad = 0
+    for label, tn, tq, small in same_draft_pairs(a.tiny):
+        both, step = {}, None
+        for hybrid in (False, True):        # the twin's draft step is the hybrid's too
+            kind = "hybrid" if hybrid else "attention"
+            r = same_drafts(root, (tn, tq), small, hybrid, a.n, a.repeats, prompts,
+                            a.agreement, step)
+            step = r["step"]
+            bad += r["mismatches"]
+            print(f"  {label:<16} {kind:<9} a draft step {1e3 * step:.1f} ms")
+            r["target_rollbacks"] = "-"
+            both[kind] = report_pair(label, kind, r)
+            result["pairs"][f"{label} same drafts {kind}"] = r
+        for c in both["hybrid"]:
+            if c != "plain":
+                h, t = both["hybrid"][c], both["attention"][c]
+                print(f"  {label}: {c} {h:.2f}x plain on the hybrid, {t:.2f}x on its twin: "
+                      f"{(h - 1) / (t - 1) if t > 1 else float('nan'):.0%} of the twin's "
+                      f"gain, {h / t:.0%} of its ratio", flush=True)
+        print()
+    return bad
+
+
+def same_draft_pairs(tiny: bool) -> list[tuple[str, str, str, tuple]]:
+    """(label, target name, quant, (draft-cost model name, quant)) for part 3."""
+    if tiny:
+        return [("tiny", "tiny-hybrid", "Q4_K_M", ("tiny-hybrid", "Q2_K"))]
+    return [("2B", "qwen3.5-2b", "Q4_K_M", ("qwen3.5-draft", "Q4_K_M")),
+            ("0.8B", "qwen3.5-0.8b", "Q4_K_M", ("qwen3.5-draft", "Q4_K_M"))]
 
 
 def main() -> int:
@@ -222,6 +370,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--reps", type=int, default=15, help="timings per cost (median)")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--agreement", type=float, nargs="*", default=[0.9, 0.7],
+                    help="part 3's agreements (none: skip part 3)")
+    ap.add_argument("--parts", default="123", help="which parts to run (default: all)")
     a = ap.parse_args()
     root = a.dir / "tiny" if a.tiny else a.dir
     if a.make or (a.tiny and not (root / "tiny-hybrid.Q2_K.gguf").is_file()):
@@ -230,7 +381,7 @@ def main() -> int:
             return 0
     result = {"costs": {}, "pairs": {}}
     print("part 1: costs (median ms; a 256-token context)", flush=True)
-    for name in shapes(a.tiny):
+    for name in shapes(a.tiny) if "1" in a.parts else ():
         for q in ("Q4_K_M", "Q2_K"):
             c = costs(file(root, name, q), a.reps)
             result["costs"][f"{name}.{q}"] = c
@@ -244,7 +395,7 @@ def main() -> int:
     print(f"\npart 2: decoding, chat prompts as messages, greedy, {a.n} tokens", flush=True)
     prompts = PROMPT_SETS["chat"]
     bad = 0
-    for label, tn, tq, dn, dq in pairs(a.tiny):
+    for label, tn, tq, dn, dq in pairs(a.tiny) if "2" in a.parts else ():
         both = {}
         for hybrid in (True, False):
             kind = "hybrid" if hybrid else "attention"
@@ -258,6 +409,8 @@ def main() -> int:
                   f"{h / t:.0%} of the twin's ratio; gain {h - 1:+.2f} vs {t - 1:+.2f}",
                   flush=True)
         print()
+    if "3" in a.parts and a.agreement:
+        bad += part3(root, a, prompts, result)
     if a.json:
         a.json.write_text(json.dumps(result, indent=1))
     if bad:

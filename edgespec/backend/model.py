@@ -9,9 +9,9 @@ unified KV buffer of ``n_cells``): :attr:`LlamaModel.sequences` are their caches
 (:mod:`.sequence`; the model's own ``tokens``/``eval``/``truncate`` are the first one's), and
 :meth:`LlamaModel.decode` evaluates the rows of several in one ``llama_decode``. Logits come
 back as numpy views of llama.cpp's output buffer, only for the rows asked for, valid until
-the next ``eval``. Every bound that
-llama.cpp enforces with an abort (batch size, context size, number of outputs) is checked here
-first and raised as an :class:`~edgespec.errors.EdgespecError` instead.
+the next ``eval``. Every bound that llama.cpp enforces with an abort (batch size, context
+size, number of outputs) is checked here first and raised as an
+:class:`~edgespec.errors.EdgespecError` instead.
 """
 
 from __future__ import annotations
@@ -208,6 +208,8 @@ class LlamaModel(HasVocabulary):
         check_parts(self, parts)
         with self.lock:
             self._check_open()
+            # a few tokens to evaluate again ride in front of the part (no pass of their own)
+            parts = [(seq, [*seq.fold(), *tokens], n) for seq, tokens, n in parts]
             self.evaluate_pending([seq for seq, _, _ in parts])
             return self._run(parts)
 
@@ -274,6 +276,8 @@ class LlamaModel(HasVocabulary):
             raise BackendError(f"llama_decode failed with code {rc} ("
                                f"{_DECODE_ERRORS.get(rc, 'fatal error')})")
         for _, seq, chunk, _ in call:
+            seq.redo_seconds += seconds * seq.folded / j    # tokens evaluated again
+            seq.folded = 0
             seq.after_pass(chunk)
         self._last_spans = spans
         return spans

@@ -19,7 +19,7 @@ import numpy as np
 
 import llama_cpp.llama_cpp as C
 
-from ..config import CHECKPOINT_MIB, CHECKPOINTS
+from ..config import CHECKPOINT_MIB, CHECKPOINTS, REDO_FOLD
 from ..errors import BackendError, ContextOverflowError
 from ..lm import common_prefix
 from .rollback import Checkpoints
@@ -61,8 +61,10 @@ class KVSequence:
     ``tokens`` is what the cache holds for its callers. On a recurrent or hybrid model
     (:mod:`.rollback`) llama.cpp may hold only ``tokens[:held]`` for a while: a truncation that
     went back to a checkpoint below the cut leaves the tokens between them to be evaluated
-    again, which the model does before this sequence's next pass (:meth:`pending`), in a pass
-    of their own (so that a checkpoint asked for at the end of them can be taken)."""
+    again: up to ``REDO_FOLD`` of them go at the front of this sequence's next pass
+    (:meth:`fold`; that pass then goes back, if it must, to the same checkpoint), more in a
+    pass of their own before it (:meth:`pending`, so that a checkpoint asked for at the end
+    of them can be taken)."""
 
     def __init__(self, model, seq_id: int):
         self.model = model
@@ -77,6 +79,7 @@ class KVSequence:
         self._rolled = False            # a snapshot rollback since that pass (single-use)
         self.rollbacks = self.reevaluated = 0   # recurrent state taken back; tokens redone
         self.redo_seconds = 0.0         # wall time evaluating tokens again
+        self.folded = 0                 # tokens evaluated again at the front of this pass
 
     @property
     def n_ctx(self) -> int:
@@ -154,6 +157,20 @@ class KVSequence:
             self.checkpoints.drop_above(n)
         if self._mark is not None and self._mark > n:
             self._mark = None
+
+    def fold(self) -> list[int]:
+        """The tokens llama.cpp does not hold yet when they are few enough (``REDO_FOLD``) to
+        go at the front of this sequence's next pass, taken off ``tokens``; else none. The
+        checkpoint asked for after them is then not taken: the one they start from stays
+        the way back."""
+        todo = len(self.tokens) - self.held
+        if not 0 < todo <= REDO_FOLD:
+            return []
+        out = self.tokens[self.held:]
+        del self.tokens[self.held:]
+        self._mark = None
+        self.folded = todo
+        return out
 
     def pending(self) -> Optional[list[tuple]]:
         """The tokens llama.cpp does not hold yet, as parts for :meth:`LlamaModel.decode`

@@ -12,6 +12,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from ..config import REDO_FOLD
+
 # A draft that costs nothing to make (an n-gram lookup), in seconds per token.
 FREE_DRAFT = 1e-4
 # Passes over a context at least this long teach the attention term; shorter ones the table.
@@ -174,14 +176,18 @@ class Costs:
         """Expected seconds of going back in rounds that draft k = 0 … len(reach) tokens,
         ``reach[j - 1]`` the probability that the first j drafts are accepted: the target's
         checkpoint in every drafting round, and when j < k are accepted, a restore and (with
-        ``redo``) a pass over the j + 1 tokens kept. All zeros where going back is free."""
+        ``redo``) the j + 1 tokens kept evaluated again: as rows added to the next pass when
+        they are at most ``REDO_FOLD``, else as a pass of their own. All zeros where going back is free."""
         k = np.arange(len(reach) + 1)
         if not (self.checkpoint or self.restore or self.redo):
             return np.zeros(k.size)
         r = np.concatenate(([1.0], np.asarray(reach, dtype=float), [0.0]))
         stop = r[:-2] - r[1:-1]             # exactly j accepted, j = 0 … len(reach) - 1
-        back = self.restore + (self.bare(np.arange(1, stop.size + 1, dtype=float))
-                               if self.redo else 0.0)
+        kept = np.arange(1, stop.size + 1, dtype=float)
+        # kept tokens go again at the front of the next pass (their rows, not its fixed
+        # part), or when more than REDO_FOLD in a pass of their own
+        redo = np.where(kept <= REDO_FOLD, self.bare(kept + 1) - self.bare(1), self.bare(kept))
+        back = self.restore + (redo if self.redo else 0.0)
         return np.where(k > 0, self.checkpoint, 0.0) + np.concatenate(
             ([0.0], np.cumsum(stop * back)))
 
