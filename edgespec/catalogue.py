@@ -7,7 +7,9 @@ pull`` (the name a pulled model is served under) and ``edgespec rm`` (a file of 
 :func:`scan_catalog` lists what a request may name: each registry pair whose two files are
 here (by the pair's name), each registry embedding model that is here (by its name),
 each ``*.gguf`` file in the models folder (by its file name without
-``.gguf``), each registry model pulled alone into the hub cache (by its registry name), and
+``.gguf``), each registry model pulled alone into the hub cache (by its registry name), each model
+of another app's store (Ollama, LM Studio, llama.cpp's cache, the Hugging Face cache, the
+``EDGESPEC_MODEL_DIRS`` folders: :mod:`edgespec.stores`, by the name that app shows), and
 the models the server was started with (:func:`entry_for`). Reading a file's header is cached
 by path, size and modification time, so a re-scan costs a directory listing and a few
 ``stat`` calls. :func:`find_entry` is how a name finds its entry (Ollama's ``:latest`` tag,
@@ -17,6 +19,7 @@ when nothing matches.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -33,6 +36,7 @@ from .gguf_file import (check_causal_lm, check_embedding_model, has_kv_cache,
 from .registry import model_path, registry
 from .registry.draft_choice import chosen_files
 from .registry.store import is_present, pair_draft_path
+from .stores import StoreFile, real_path, store_files
 from .thinking import thinking_mode
 
 log = logging.getLogger(__name__)
@@ -79,6 +83,9 @@ class CatalogEntry:
     the draft (0 when the headers do not say). ``n_ctx_train``: the context the target was
     trained with (0: not said); ``has_template``: its file carries a chat template;
     ``thinks``: that template has a thinking mode (:func:`edgespec.thinking.thinking_mode`).
+    ``store``: the app whose store holds the file (``ollama``, ``lmstudio``, ``llama.cpp``,
+    ``huggingface``, ``folder``; "" for edgespec's own), ``target`` being where in it;
+    ``aliases``: other names that find it (:func:`find_entry`).
     """
 
     name: str
@@ -93,6 +100,8 @@ class CatalogEntry:
     n_ctx_train: int = 0
     has_template: bool = True
     thinks: bool = False
+    store: str = ""
+    aliases: tuple = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", ModelKind(self.kind))     # a name said as text too
@@ -228,6 +237,31 @@ def _scanned(name: str, target: Path, draft: Optional[Path] = None,
         return None
 
 
+def other_stores(found: Mapping[str, CatalogEntry]) -> list[tuple[StoreFile,
+                                                                    Optional[CatalogEntry]]]:
+    """The models of other apps' stores beside ``found`` (edgespec's own entries): each file
+    with its entry, or None and why not in its ``problem`` (llama.cpp cannot load it, or its
+    name is taken by one of ``found``). A file ``found`` lists already (a registry model in
+    the Hugging Face cache) is left out."""
+    own = {real_path(p) for e in found.values() for p in (e.target, e.draft) if p is not None}
+    out = []
+    for f in store_files():
+        if real_path(f.path) in own:
+            continue
+        entry = None
+        if not f.problem and f.name in found:
+            f = f.but(f"its name is taken by edgespec's own {found[f.name].target} (run this "
+                      "one by its path)")
+        elif not f.problem:
+            try:
+                entry = dataclasses.replace(entry_for(f.name, f.path), store=f.store,
+                                            aliases=f.short)
+            except EdgespecError as e:
+                f = f.but(str(e).removeprefix(f"{f.path}: "))
+        out.append((f, entry))
+    return out
+
+
 def folder_files(folder: Optional[Path] = None) -> list[Path]:
     """The GGUF files in the models folder (default ``paths.models_dir()``), sorted by name:
     not hidden, not being written (``*.gguf.partial``), plain files."""
@@ -293,8 +327,11 @@ def scan_catalog(models_dir: Optional[Path] = None, extra: Sequence[CatalogEntry
             entry = _scanned(model.name, model_path(model.name))
             if entry is not None:
                 found[model.name] = entry
-    for entry in extra:
-        found[entry.name] = entry
+    found.update({e.name: e for _, e in other_stores(found) if e is not None})
+    for entry in extra:         # (a store's model the server started with keeps its store)
+        was = found.get(entry.name)
+        found[entry.name] = (dataclasses.replace(entry, store=was.store, aliases=was.aliases)
+                             if was is not None and was.target == entry.target else entry)
     return found
 
 
@@ -316,8 +353,8 @@ def tagless(name: str) -> str:
 
 def find_entry(catalog: Mapping[str, CatalogEntry], name: str) -> Optional[CatalogEntry]:
     """The entry ``name`` means, or None: the name itself, or with Ollama's ``:latest`` tag;
-    a registry model's name, for its file in the models folder; else a case-insensitive match
-    when exactly one entry matches."""
+    a registry model's name, for its file in the models folder; else one of an entry's
+    ``aliases``, or a case-insensitive match, when exactly one entry matches."""
     for n in (name, tagless(name)):
         if n in catalog:
             return catalog[n]
@@ -327,7 +364,8 @@ def find_entry(catalog: Mapping[str, CatalogEntry], name: str) -> Optional[Catal
         entry = catalog.get(Path(model.file).stem)
         if entry is not None and entry.target.name == model.file:
             return entry
-    folded = [e for n, e in catalog.items() if n.lower() == bare.lower()]
+    aliased = [e for e in catalog.values() if bare in e.aliases]     # a store's short name
+    folded = aliased or [e for n, e in catalog.items() if n.lower() == bare.lower()]
     return folded[0] if len(folded) == 1 else None
 
 
@@ -351,6 +389,7 @@ class ModelNotFound(ModelNotFoundError):
         if bare in reg.pairs or bare in reg.models or bare in reg.embeddings:
             fix = f"`edgespec pull {bare}` downloads it"
         else:
-            fix = (f"put its GGUF file in {models_folder}, or `edgespec pairs` lists the pairs "
-                   "that `edgespec pull NAME` downloads")
+            fix = (f"put its GGUF file in {models_folder} (Ollama's, LM Studio's, llama.cpp's "
+                   "and the Hugging Face cache's models are found where they are), or "
+                   "`edgespec pairs` lists the pairs that `edgespec pull NAME` downloads")
         super().__init__(f"the model '{name}' is not on this machine: {fix}; {here}")

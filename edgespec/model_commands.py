@@ -86,10 +86,38 @@ def cmd_pairs(args) -> int:
               "`edgespec pair derive`)")
         for p in own:
             print(f"    {p.name:41} {_size(p.stat().st_size):>9}")
+    _print_stores()
     print("\n`edgespec pull NAME` downloads a pair or an embedding model; `edgespec rm NAME` "
           "frees its space (a file of your own: `edgespec rm FILE.gguf`); `-v` says why each "
           "draft suits its target, and the models' licences.", file=sys.stderr)
     return 0
+
+
+def _print_stores() -> None:
+    """The models of other apps' stores, read where they are: by the name that runs them
+    (``--target NAME``, a request's model) and their file, or why llama.cpp cannot load
+    them."""
+    from .catalogue import ModelKind, other_stores, scan_catalog
+    from .stores import LABELS
+    own = {n: e for n, e in scan_catalog().items() if not e.store}
+    listed = other_stores(own)
+    for store in dict.fromkeys(f.store for f, _ in listed):
+        files = sorted(((f, e) for f, e in listed if f.store == store),
+                       key=lambda fe: fe[0].name)
+        homes = ", ".join(dict.fromkeys(str(f.home) for f, _ in files))
+        print(f"{LABELS[store]:20} {'':18} read where they are, never changed: {homes}")
+        for f, entry in files:
+            try:
+                size = _size(f.path.stat().st_size)
+            except OSError:
+                size = "?"
+            kind = " (embeddings)" if entry is not None and entry.kind is ModelKind.EMBEDDING \
+                else ""
+            name = f.name if store != "ollama" or ":" in f.name.rsplit("/", 1)[-1] \
+                else f"{f.name}:latest"                 # as `ollama list` shows it
+            also = f" (also: {', '.join(f.short)})" if f.short and entry is not None else ""
+            print(f"    {name + also:41} {size:>9}  "
+                  + (f"{f.path}{kind}" if entry is not None else f"unusable: {f.problem}"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,6 +224,7 @@ def cmd_rm(args) -> int:
     from .registry.draft_choice import forget_choice
     from .registry.downloads import human_size
     for name in args.names:
+        _not_a_store_model(name)
         if Path(name).expanduser().is_file() and own_file(name) is None:
             raise EdgespecError(f"{name} is not in the models folder ({paths.models_dir()}): "
                                 "edgespec removes only the files it keeps there")
@@ -223,6 +252,24 @@ def cmd_rm(args) -> int:
             _status(f"{m.name}: " + (f"removed, {human_size(freed)} freed{note}" if freed
                                     else "not downloaded"))
     return 0
+
+
+def _not_a_store_model(name: str) -> None:
+    """Refuse to remove a model of another app's store (Ollama's, LM Studio's, …): edgespec
+    never changes one. (The Hugging Face cache is also where `edgespec pull` puts hub files,
+    which `edgespec rm REPO_ID/FILENAME` removes.)"""
+    from .catalogue import own_file
+    from .registry import registry
+    from .stores import HUGGINGFACE, LABELS, store_model
+    reg = registry()
+    if own_file(name) is not None or name in reg.pairs or name in reg.models:
+        return
+    found = store_model(name)
+    if found is not None and found.store != HUGGINGFACE:
+        raise EdgespecError(f"'{name}' is a model of {LABELS[found.store]} ({found.path}): "
+                            "edgespec never changes another app's store; remove it with that "
+                            "app" + (f" (`ollama rm {found.name}`)" if found.store == "ollama"
+                                     else ""))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,7 +311,8 @@ def cmd_pair_derive(args) -> int:
 def build_models_parsers(sub) -> None:
     """Register ``pairs``, ``pull``, ``rm`` and ``pair derive`` on ``sub`` (argparse
     subparsers)."""
-    p = sub.add_parser("pairs", help="list the registry's pairs: size, downloaded or not, where")
+    p = sub.add_parser("pairs", help="list the registry's pairs, your models and other apps' "
+                       "(Ollama, LM Studio, …): size, downloaded or not, where")
     p.add_argument("-v", "--verbose", action="store_true", help="say why each draft suits")
     p.set_defaults(func=cmd_pairs)
 

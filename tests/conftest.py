@@ -117,6 +117,15 @@ def _models_load_only_in_real_tests(request, monkeypatch):
         monkeypatch.setattr(embedding.EmbeddingModel, "__init__", refuse)
 
 
+@pytest.fixture(autouse=True)
+def _no_other_apps_stores(monkeypatch):
+    """The tests see only the models they set up: the stores other apps keep on this machine
+    (Ollama's, LM Studio's, llama.cpp's, the Hugging Face cache's) are not read, unless a test
+    points edgespec at its own (tests/test_stores.py)."""
+    monkeypatch.setenv("EDGESPEC_STORES", "none")
+    monkeypatch.delenv("EDGESPEC_MODEL_DIRS", raising=False)
+
+
 def require_tools(*tools: str, packages: str) -> None:
     """Skip a test whose tools (tmux, Xvfb …) are not installed, saying how to install them;
     where every test must run (CI sets EDGESPEC_TEST_ALL=1), fail instead."""

@@ -205,7 +205,7 @@ LAYERS = [
     ("loop", {"sampling", "verify", "speculative", "results", "drafting", "prompt_cache",
               "constraints", "embedding"}),
     ("prompts", {"chat_template", "thinking", "tools", "conversation"}),
-    ("models", {"registry", "catalogue"}),
+    ("models", {"registry", "stores", "catalogue"}),
     ("runtime", {"engine"}),
     ("apps", {"shell", "cli", "__main__", "worker", "model_commands", "bench", "server",
               "tui", ""}),

@@ -1,7 +1,8 @@
-"""What the listings (OpenAI's ``/v1/models``, Ollama's ``/api/show``) say of a model beyond
-its files: the context it is served with, its chat template, whether it thinks. A loaded
-model answers for itself; one not loaded answers from its GGUF header
-(:class:`~edgespec.catalogue.CatalogEntry`) and the context it would be loaded with."""
+"""What the listings (OpenAI's ``/v1/models``, Ollama's ``/api/tags`` and ``/api/show``) say of
+a model beyond its files: the context it is served with, its chat template, whether it thinks,
+which other app's store holds it. A loaded model answers for itself; one not loaded answers
+from its GGUF header (:class:`~edgespec.catalogue.CatalogEntry`) and the context it would be
+loaded with."""
 
 from __future__ import annotations
 
@@ -51,3 +52,10 @@ def thinks(entry: CatalogEntry, engine: Optional[Engine]) -> bool:
     if engine is None or entry.kind == "embedding":      # (an Embedder: no template)
         return entry.thinks
     return engine.template.thinking is not None
+
+
+def where(entry: CatalogEntry) -> dict:
+    """Where a model of another app's store lives: ``store`` (``ollama``, ``lmstudio``, …) and
+    ``path`` (the file itself); {} for edgespec's own models."""
+    store = getattr(entry, "store", "")         # (any object with a CatalogEntry's fields)
+    return {"store": store, "path": str(entry.target)} if store else {}

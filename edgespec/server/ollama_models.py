@@ -215,6 +215,11 @@ class OllamaModelRoutes:
         except ModelNotFoundError as e:
             with contextlib.suppress(ModelNotFound):
                 entry = self.manager.resolve(name)
+                if entry.store:
+                    raise APIError(400, f"'{name}' is a model of another app's store "
+                                        f"({entry.store}: {entry.target}): edgespec never "
+                                        "changes it; remove it with that app", param="model",
+                                   code="not_removable") from None
                 started = self._started()
                 if started is not None and entry.target == started.target:
                     raise APIError(400, f"'{name}' is the model this server was started with: "

@@ -23,7 +23,7 @@ from .framing import Framing
 from .generation import GenerationPath, Timing
 from .protocol import parse_chat, parse_completion
 from .replies import Reply, token_event
-from .models_info import contexts, template_label, thinks
+from .models_info import contexts, template_label, thinks, where
 from .ollama_replies import rfc3339
 from .wire import APIError, APIRequest, asked
 
@@ -105,7 +105,7 @@ class OpenAIRoutes:
                              "draft_context_length": draft_ctx,
                              "context_length_trained": entry.n_ctx_train or None,
                              "chat_template": template_label(entry, engine),
-                             "thinking": thinks(entry, engine)}}
+                             "thinking": thinks(entry, engine), **where(entry)}}
 
     async def models(self, request: Request) -> Response:
         cards = [self.model_card(e, _anthropic(request))
