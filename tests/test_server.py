@@ -458,7 +458,7 @@ def test_option_errors_are_one_line(server, tmp_path):
 
 def test_all_addresses_with_a_key(smollm2_q4_path):
     s = ServerProcess("--host", "0.0.0.0", "--api-key", KEY, "--target", smollm2_q4_path,
-                      "--ctx-size", 256)
+                      "--drafter", "none", "--ctx-size", 256)        # (plain: no draft chosen)
     try:
         assert s.host == "0.0.0.0"
         status, _, _ = request(s.port, "GET", "/v1/models")

@@ -59,32 +59,29 @@ class Engine:
                  draft_head: Optional[ReducedHead] = None, adaptive_threads: bool = False,
                  recalibrate: bool = False, cache_ram: int = config.CACHE_RAM_MIB,
                  vocab_map: Union[VocabMap, None, str] = "check", parallel: int = 1,
-                 progress: Callable[[str], None] = lambda s: None):
+                 progress: Callable[[str], None] = lambda s: None, draft_choice=None):
         self.target = target
         self.draft = draft
+        self.draft_choice = draft_choice    # a draft chosen here (load's draft="auto"), and why
         # A draft of another vocabulary drafts through a map between the two ("check": the
         # pair was not checked yet; None: the draft shares the target's tokenizer).
         if isinstance(vocab_map, str):
             vocab_map = check_pair(target, draft) if draft is not None else None
         self.vocab_map: Optional[VocabMap] = vocab_map
-        # Held while the models are used outside a generation (tokenizing, info) and by
-        # close() while it frees them.
+        # Held while the models are used outside a generation (tokenizing, info), and by close()
         self._life = threading.Lock()
         self._prompter = Prompter(target, self._life)
         self.template = self._prompter.template
-        self._drafting = EngineDrafting(spec, target, draft, draft_head, vocab_map=vocab_map,
-                                        recalibrate=recalibrate, progress=progress,
-                                        parallel=parallel,
-                                        shares_kv=draft is not None and vocab_map is None
-                                        and same_network(target, draft))
+        self._drafting = EngineDrafting(
+            spec, target, draft, draft_head, vocab_map=vocab_map, recalibrate=recalibrate,
+            progress=progress, parallel=parallel,
+            shares_kv=draft is not None and vocab_map is None and same_network(target, draft))
         self.draft_head = self._drafting.head       # (a reduced output layer, or None)
-        # Threads that follow the machine's load (edgespec/threads.py), one governor a model;
-        # none when the caller pinned a count.
+        # Threads following the machine's load (threads.py), a governor a model; none if pinned
         self._threads = EngineThreads(target, draft, self._drafting.costs, adaptive_threads)
         self.parallel = parallel
-        # Where generations run, ``parallel`` at once (edgespec/lanes.py): its figures
-        # (running, waiting, deferred, rows per pass) are public.
-        # (they share the KV cells of fewer full contexts when the models were loaded so)
+        # Where generations run, ``parallel`` at once (edgespec/lanes.py; in the KV cells of fewer
+        # full contexts when loaded so): its figures (running, waiting, rows per pass) are public.
         self.lanes = Lanes(target, draft if spec.uses_draft_model else None, self.draft_head,
                            parallel, plan=self._drafting.plan_round,
                            on_pass=self._drafting.observe_pass if parallel > 1 else None,
@@ -107,40 +104,45 @@ class Engine:
              cache_ram: int = config.CACHE_RAM_MIB,
              recalibrate: bool = False, progress: Callable[[str], None] = lambda s: None,
              **settings) -> "Engine":
-        """Load a target GGUF and optionally a draft GGUF (or a registry ``pair`` name).
-
-        ``settings`` are the fields of the two configs, by name, their defaults theirs:
+        """Load a target GGUF and optionally a draft GGUF (or a registry ``pair`` name;
+        ``draft="auto"``: one measured here, :mod:`edgespec.registry.auto_draft`, the Engine's
+        ``draft_choice`` saying why); a file another app keeps may be named as it names it
+        (``target="qwen2.5-coder:1.5b"``: :func:`edgespec.stores.model_file`). ``settings`` are the
+        fields of the two configs, by name, their defaults theirs:
         :class:`~edgespec.config.ModelConfig`'s for both models (``n_ctx``, ``n_batch``,
-        ``n_threads``: None or left out follows the machine's load; ``n_gpu_layers``,
-        ``verbose``, ``cpu_extra_buffers``, ``flash_attn``; ``rpc``: ``"HOST:PORT,…"`` of
-        ``edgespec worker`` processes holding the target's layers) and
-        :class:`~edgespec.config.SpecConfig`'s for drafting (``drafter``: hybrid when a draft
-        is given, else ngram; ``draft_max``, ``adaptive``, ``p_min``, ``verifier``,
-        ``suffix``, ``k_max``); any other name is an
-        :class:`~edgespec.errors.InvalidParameterError`. The draft's own: its
-        ``draft_n_gpu_layers`` (default: ModelConfig's) and ``draft_rpc`` workers (it stays
-        local without them). ``parallel``: how many generations run at once (each with
-        ``n_ctx`` tokens of KV cache in each model, batched together); more wait
-        for a free lane. ``streams`` (default ``parallel``): up to this many share the KV
-        cells of ``parallel`` full contexts, each entering while the positions it can reach
-        fit beside the others' (:func:`~edgespec.engine.lanes.shared_cells`). ``cache_ram``:
-        MiB for conversations' caches kept aside (:mod:`edgespec.prompt_cache`). The cost
-        model's calibration is measured once per model file and setting and kept;
-        ``recalibrate=True`` measures it again;
-        ``progress`` is told what loading is doing (a line at a time). Raises
+        ``n_threads``: None or left out follows the machine's load; ``n_gpu_layers``, ``verbose``,
+        ``cpu_extra_buffers``, ``flash_attn``; ``rpc``: ``"HOST:PORT,…"`` of ``edgespec worker``
+        processes holding the target's layers) and :class:`~edgespec.config.SpecConfig`'s for
+        drafting (``drafter``: hybrid when a draft is given, else ngram; ``draft_max``,
+        ``adaptive``, ``p_min``, ``verifier``, ``suffix``, ``k_max``); any other name is an
+        :class:`~edgespec.errors.InvalidParameterError`. The draft's own: its ``draft_n_gpu_layers``
+        (default: ModelConfig's) and ``draft_rpc`` workers (it stays local without them).
+        ``parallel``: how many generations run at once (each with ``n_ctx`` tokens of KV cache in
+        each model, batched together); more wait for a free lane. ``streams`` (default
+        ``parallel``): up to this many share the KV cells of ``parallel`` full contexts, each
+        entering while the positions it can reach fit beside the others'
+        (:func:`~edgespec.engine.lanes.shared_cells`). ``cache_ram``: MiB for conversations' caches
+        kept aside (:mod:`edgespec.prompt_cache`). The cost model's calibration is measured once per
+        model file and setting and kept; ``recalibrate=True`` measures it again; ``progress`` is
+        told what loading is doing (a line at a time). Raises
         :class:`~edgespec.errors.ModelLoadError` for files that cannot be loaded,
-        :class:`~edgespec.errors.IncompatiblePairError` when the draft cannot be mapped to
-        the target's vocabulary, :class:`~edgespec.errors.RPCError` when a worker cannot be
-        reached.
-        """
+        :class:`~edgespec.errors.ModelNotFoundError` for a name of none,
+        :class:`~edgespec.errors.IncompatiblePairError` when the draft cannot be mapped to the
+        target's vocabulary, :class:`~edgespec.errors.RPCError` when a worker cannot be reached."""
         if pair is not None:
             if target is not None or draft is not None:
                 raise InvalidParameterError("pair", pair, "used alone, without target/draft")
             from ..registry import resolve_pair     # apps may name a pair; the core never does
             target, draft = resolve_pair(pair)
+        from ..stores import model_file             # a model where another app keeps it
+        choice, auto = None, draft == "auto"
+        target, draft = model_file(target), None if auto else model_file(draft)
         if target is None:
             raise InvalidParameterError("target", None, "a path to a GGUF file (or pair=NAME)")
         model, spec_settings = split_settings(settings)
+        if auto:                                    # (the registry measures; the core never)
+            from ..registry.auto_draft import engine_draft
+            draft, choice = engine_draft(target, spec_settings, model, progress)
         if spec_settings.get("drafter") is None:
             spec_settings["drafter"] = SpecConfig.default_drafter(draft is not None)
         spec = SpecConfig(**spec_settings)
@@ -156,10 +158,8 @@ class Engine:
         adaptive_threads = model.get("n_threads") is None
         if adaptive_threads:
             model.pop("n_threads", None)
-        target_gpu = {"n_gpu_layers": model.pop("n_gpu_layers")} if "n_gpu_layers" in model \
-            else {}
-        draft_gpu = {"n_gpu_layers": draft_n_gpu_layers} if draft_n_gpu_layers is not None \
-            else {}
+        target_gpu = {k: model.pop(k) for k in ("n_gpu_layers",) if k in model}
+        draft_gpu = {"n_gpu_layers": draft_n_gpu_layers} if draft_n_gpu_layers is not None else {}
         t_cfg = ModelConfig(target, rpc=rpc, n_seq=streams, n_cells=cells, **target_gpu, **model,
                             n_outputs_max=max(config.N_OUTPUTS_MIN, spec.most_drafts + 1))
         d_cfg = (ModelConfig(draft, rpc=draft_rpc, n_seq=streams, n_cells=d_cells,
@@ -170,7 +170,7 @@ class Engine:
         try:
             return cls(t_model, d_model, spec, adaptive_threads=adaptive_threads,
                        recalibrate=recalibrate, cache_ram=cache_ram, vocab_map=vmap,
-                       parallel=streams, progress=progress)
+                       parallel=streams, progress=progress, draft_choice=choice)
         except BaseException:
             for m in (d_model, t_model):
                 if m is not None:

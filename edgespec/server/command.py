@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .. import config
 from ..errors import EdgespecError
-from ..shell import (UsageError, add_model_args, load_engine, model_label,
+from ..shell import (Progress, UsageError, add_model_args, load_engine, model_label,
                      resolve_models, status)
 
 API_KEY_ENV = "EDGESPEC_API_KEY"
@@ -87,7 +87,7 @@ def build_serve_parser(sub) -> None:
                    help="serve Prometheus metrics at /metrics (behind the API key, if any)")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
-    add_model_args(p)
+    add_model_args(p, auto_draft=True)
     for action in p._actions:       # no --ctx-size: each model's own (server/contexts.py)
         if action.dest == "ctx_size":
             action.default = None
@@ -198,6 +198,7 @@ def loader(args):
     that model's files (a GGUF without a draft decodes with n-gram drafting, or plainly; an
     embedding model is an Embedder) and the context asked for (None: ``--ctx-size``)."""
     from ..catalogue import ModelKind
+    from ..registry.auto_draft import chosen
     server_log = logging.getLogger("edgespec.server")
 
     def load(entry, n_ctx):
@@ -209,8 +210,8 @@ def loader(args):
                                  n_gpu_layers=args.n_gpu_layers, verbose=args.verbose,
                                  cpu_extra_buffers=args.cpu_extra_buffers)
         drafter = args.drafter
-        if entry.draft is None and drafter in (None, "hybrid", "model"):
-            drafter = None
+        if entry.draft is None and drafter in (None, "hybrid", "model"):    # (none chosen for
+            drafter = "ngram" if chosen(args, entry.target, None) else None  # it: n-grams)
         engine = load_engine(args, say=server_log.info, target=entry.target,
                              parallel=args.parallel, streams=args.streams,
                              draft=entry.draft, drafter=drafter, cache_ram=args.cache_ram,
@@ -221,8 +222,13 @@ def loader(args):
 
 
 def model_id(args) -> str:
-    """The model name clients see: the pair, or the target file's name without .gguf."""
-    return Path(args.target).name.removesuffix(".gguf") if args.target else model_label(args)
+    """The model name clients see: the pair, the name another app's store gives the target
+    (``qwen2.5-coder:1.5b``), or the target file's name without .gguf."""
+    if not args.target:
+        return model_label(args)
+    from ..stores import store_model
+    named = store_model(args.target)
+    return named.name if named is not None else Path(args.target).name.removesuffix(".gguf")
 
 
 def _log_like_uvicorn(level: str) -> None:
@@ -244,7 +250,11 @@ def first_context(args, name: str, budget: dict) -> tuple[int, str]:
     from .slots import Budget
     if args.ctx_size is not None:
         return args.ctx_size, "--ctx-size"
-    target, draft = resolve_models(args)
+    progress = Progress()           # (a draft chosen for the target is measured here, once)
+    try:
+        target, draft = resolve_models(args, progress)
+    finally:
+        progress.done()
     if args.no_spec or args.drafter in ("none", "ngram"):
         draft = None
     entry = entry_for(name, Path(target), Path(draft) if draft else None)

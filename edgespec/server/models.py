@@ -101,7 +101,8 @@ class ModelManager(ModelNames):
         slots = sorted(self._slots.values(), key=lambda s: -s.last_used)
         return [LoadedInfo(s.entry.name, s.entry, s.size, s.loaded_at,
                            None if s.leases or s.deadline is None
-                           else wall + max(0.0, s.deadline - now), s.leases, s.engine.n_ctx)
+                           else wall + max(0.0, s.deadline - now), s.leases, s.engine.n_ctx,
+                           _described(getattr(s.engine, "draft_choice", None)))
                 for s in slots if s.engine is not None]
 
     def _loaded_slot(self, name: Optional[str]) -> Optional[Slot]:
@@ -333,3 +334,8 @@ class ModelManager(ModelNames):
         while any(s.engine is None for s in self._slots.values()):
             await self._wait()
         await self._retire(list(self._slots.values()))
+
+
+def _described(choice) -> Optional[dict]:
+    """A draft chosen for a model here (an Engine's ``draft_choice``), as the listings say it."""
+    return choice.describe() if choice is not None else None

@@ -112,8 +112,10 @@ class OllamaRoutes:
             gguf = await run_in_threadpool(read_gguf, entry.target)
             info, template = {}, gguf.chat_template or ""
         fills = await run_in_threadpool(fills_middle, entry, engine)
+        choice = getattr(engine, "draft_choice", None)      # (a draft chosen for it here)
         return JSONResponse(show_body(entry, info, template, contexts(self.manager, entry),
-                                      thinks(entry, engine), fills))
+                                      thinks(entry, engine), fills,
+                                      choice.describe() if choice is not None else None))
 
     async def chat(self, request: Request) -> Response:
         timing = Timing()

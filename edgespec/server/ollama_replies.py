@@ -20,6 +20,7 @@ from typing import Callable, Optional, Sequence
 from .. import __version__
 from ..catalogue import ModelKind
 from ..chat_template import ChatTemplate
+from .models_info import where
 from .replies import speculation, template_field
 from .wire import APIError
 
@@ -161,24 +162,30 @@ class OllamaReply:
 
 def tags_body(entries: Sequence) -> dict:
     """``GET /api/tags``: the catalog's models (objects with ``name``, ``draft``, ``kind``,
-    ``size``, ``modified`` (epoch seconds), ``digest`` and ``details``)."""
+    ``size``, ``modified`` (epoch seconds), ``digest``, ``details`` and ``store``)."""
     return {"models": [{"name": tagged_name(e.name), "model": tagged_name(e.name),
                         "modified_at": _at(e.modified), "size": e.size, "digest": e.digest,
                         "details": _details(e),
                         "edgespec": {"kind": e.kind,
-                                     "draft": e.draft.name if e.draft else None}}
+                                     "draft": e.draft.name if e.draft else None, **where(e)}}
                        for e in entries]}
 
 
 def ps_body(loaded: Sequence) -> dict:
     """``GET /api/ps``: the loaded models (objects with ``name``, ``entry`` (a catalog entry),
     ``size``, ``expires_at`` (epoch seconds; None: kept loaded, or in use) and ``n_ctx``
-    (the context it was loaded with; None: unknown), as :class:`~.models.LoadedInfo`)."""
+    (the context it was loaded with; None: unknown), as :class:`~.models.LoadedInfo`); in
+    ``edgespec``, its ``draft`` and, when the draft was chosen here, ``draft_reason``."""
     models = []
     for m in loaded:
+        described = getattr(m, "draft_choice", None)
+        choice = described or {}
         body = {"name": tagged_name(m.name), "model": tagged_name(m.name), "size": m.size,
                 "digest": m.entry.digest, "details": _details(m.entry),
-                "expires_at": _at(m.expires_at), "size_vram": 0}
+                "expires_at": _at(m.expires_at), "size_vram": 0,
+                "edgespec": {"draft": choice.get("draft") if described else
+                             m.entry.draft.name if m.entry.draft else None,
+                             "draft_reason": choice.get("reason")}}
         if m.n_ctx is not None:
             body["context_length"] = m.n_ctx
         models.append(body)
@@ -186,14 +193,16 @@ def ps_body(loaded: Sequence) -> dict:
 
 
 def show_body(entry, info: dict, template: str, contexts: tuple, thinks: bool,
-              fills: bool = False) -> dict:
+              fills: bool = False, draft_choice: Optional[dict] = None) -> dict:
     """``POST /api/show`` for a catalog entry. ``info``: :meth:`Engine.info() <edgespec.
     engine.Engine.info>` of the loaded pair ({} when the entry is not loaded); ``template``:
     the chat template (Jinja, not Ollama's Go templates); ``contexts``: the target's and the
     draft's (None: no draft model) contexts as served (loaded, or as it would load): the
     target's is ``<arch>.context_length``, so that apps size their prompts to it (the trained
     context and the draft's are in ``edgespec``); ``thinks``: its template has a thinking
-    mode (the ``thinking`` capability)."""
+    mode (the ``thinking`` capability); ``draft_choice``: the draft chosen for it here
+    (:meth:`DraftChoice.describe() <edgespec.registry.auto_draft.DraftChoice.describe>`), its
+    reason in ``edgespec.draft_reason``."""
     n_ctx, draft_ctx = contexts
     target = (info or {}).get("target") or {}
     arch = target.get("architecture") or (entry.details or {}).get("family") or "llama"
@@ -212,8 +221,10 @@ def show_body(entry, info: dict, template: str, contexts: tuple, thinks: bool,
                              else ["completion", "tools", *(["insert"] if fills else []),
                                    *(["thinking"] if thinks else [])]),
             "modified_at": _at(entry.modified),
-            "edgespec": {"kind": entry.kind, "target": str(entry.target),
+            "edgespec": {"kind": entry.kind, "target": str(entry.target), **where(entry),
                          "draft": str(entry.draft) if entry.draft else None,
+                         "draft_reason": (draft_choice or {}).get("reason"),
+                         "draft_choice": draft_choice,
                          "context_length_trained": target.get("n_ctx_train")
                          or entry.n_ctx_train or None,
                          "draft_context_length": draft_ctx, "pair": info}}

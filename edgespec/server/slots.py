@@ -44,6 +44,7 @@ class LoadedInfo:
     expires_at: Optional[float]
     in_use: int
     n_ctx: int
+    draft_choice: Optional[dict] = None     # the draft chosen for it here, and why
 
 
 class Slot:

@@ -29,7 +29,7 @@ def build_chat_parser(sub) -> None:
                    help=f"most tokens per answer (default {CHAT_MAX_TOKENS})")
     p.add_argument("--plain", action="store_true",
                    help="no colours (accepted draft tokens are not highlighted)")
-    add_model_args(p)
+    add_model_args(p, auto_draft=True)
     add_sampling_args(p)
     p.set_defaults(func=cmd_chat)
 
@@ -72,8 +72,8 @@ def cmd_chat(args) -> int:
     sampling = sampling_from_args(args)   # bad values fail before the models load
     check_max_tokens(args.max_tokens)     # the core's check and message, before loading
     terminal = sys.stdin.isatty() and sys.stdout.isatty()
-    label = model_label(args)
     with load_engine(args) as engine:
+        label = model_label(args)               # (with the draft chosen for the target)
         session = ChatSession(engine, label=label, sampling=sampling,
                               max_tokens=args.max_tokens, system=args.system)
         note = chat_format_note(engine)

@@ -119,6 +119,8 @@ def stats_text(session: ChatSession) -> str:
     if session.last is not None and session.last.generation.stats.speculative:
         lines.append("speed-up: " + speedup_basis(session.last.generation.stats))
     lines.append("settings: " + settings_line(session))
+    if session.draft_choice is not None:        # chosen at start: which, and why
+        lines.append(session.draft_choice.line())
     return "\n".join(lines)
 
 

@@ -83,6 +83,8 @@ class ChatSession:
         self.label = label
         self.backend: str = info["backend"]
         self.can_speculate = engine.can_speculate
+        # the draft chosen for the target on this machine, and why (None: named, or none)
+        self.draft_choice = getattr(engine, "draft_choice", None)
         self.speculative = self.can_speculate
         self.sampling = sampling if sampling is not None else SamplingParams()
         self.max_tokens = max_tokens
