@@ -1,6 +1,7 @@
 """The first run as a new user meets it (issue 16): a line that says what loading is doing
-while the models load and are measured, arguments refused before anything loads, and one
-clear note for a model with no chat template."""
+while the models load and are measured, arguments refused before anything loads, one clear
+note for a model with no chat template, and the README's first command answered by the real
+default pair (issue 54)."""
 
 from __future__ import annotations
 
@@ -112,3 +113,26 @@ def test_a_model_without_a_chat_template_gets_one_note_in_the_chat(gemma_f32_pat
                      "roles or markup) for the model to continue"]
     assert "plain text" not in proc.stderr.replace(notes[0], "")
     assert "<|im_" not in proc.stdout
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_the_readme_first_command_answers_with_the_real_pair(tmp_path, qwen_target_path,
+                                                              qwen_draft_path):
+    """An empty home (nothing measured, no history) whose models folder holds the default
+    pair, as the first run leaves it: the README's own first command, its answer cut short."""
+    import re
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    command = re.search(r"&& (edgespec run .*?)\s+# set up \+ run", readme).group(1)
+    args = __import__("shlex").split(command)[1:] + ["-n", "16"]
+    home = tmp_path / "home"
+    env = dict(os.environ, HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"),
+               XDG_DATA_HOME=str(home / ".local/share"),
+               EDGESPEC_MODELS=str(qwen_target_path.parent))
+    rc, out, raw = run_with_terminal_stderr(args, env)
+    text = raw.decode(errors="replace")
+    assert rc == 0, text
+    assert f"loading the target {qwen_target_path.name}" in text
+    assert f"loading the draft {qwen_draft_path.name}" in text
+    assert len(out.split()) >= 5, out       # an answer in words, not a token or two

@@ -29,7 +29,9 @@ else:  # pragma: no cover
 from ..errors import EdgespecError, ModelNotFoundError
 
 SOURCE_KINDS = ("pypi-wheel", "pypi-convert", "derived", "hub")
-DEFAULT_PAIR = "smollm2-135m"
+# What a command with no model arguments runs: a real assistant (the toys stay for the tests
+# and the quick loop: --pair smollm2-135m)
+DEFAULT_PAIR = "qwen2.5-coder-1.5b"
 _SOURCE_KEYS = {"pypi-wheel": ("packages", "members"), "derived": ("from", "quant"),
                 "hub": ("repo", "filename", "revision"),
                 "pypi-convert": ("packages", "folder", "sha256")}
