@@ -36,7 +36,9 @@ probability 1 − agreement, decided by a seeded hash of (prompt, position): the
 and reject pattern on both. A draft step costs what the ``qwen3.5-draft`` model's step costs
 (the twin's draft, measured by the engine's calibration; the replay sleeps that long, on
 both), and the cost model
-chooses K over the engine's calibrated costs, as with any model draft.
+chooses K over the engine's calibrated costs, as with any model draft. ``--fold-ab`` adds,
+on the hybrids, the same runs without folding the tokens to evaluate again into the next pass
+(each redo a pass of its own), interleaved with the others.
 
 Printed: tokens/s, the ratio to plain, acceptance, tokens per target pass, the rollback's
 share of decode time (checkpoints saved and restored, tokens evaluated again:
@@ -63,7 +65,9 @@ from edgespec.backend import LlamaModel, quantize
 from edgespec.backend.rollback import PARTIAL
 from edgespec.bench.prompts import PROMPT_SETS
 from edgespec.bench.synthetic import SHAPES, TINY, write_model
-from edgespec.config import ModelConfig
+from edgespec.backend import sequence
+from edgespec.config import REDO_FOLD, ModelConfig
+from edgespec.drafting import costs as costs_module
 from edgespec.drafting.base import Draft
 from edgespec.drafting.policy import AdaptiveLength
 from edgespec.sampling import Dist
@@ -269,8 +273,15 @@ def _decode(model, prompt, n, drafter) -> tuple[list[int], float, LoopStats, flo
     return out, time.perf_counter() - t0, stats, seq.rollback_seconds - before
 
 
+def set_fold(n: int) -> None:
+    """How many tokens to evaluate again may ride in front of the next pass (the backend's
+    and the cost model's ``REDO_FOLD``; 0: each redo in a pass of its own, as before)."""
+    sequence.REDO_FOLD = costs_module.REDO_FOLD = n
+
+
 def same_drafts(root: Path, t: tuple, small: tuple, hybrid: bool, n: int, repeats: int,
-                prompts: list[str], agreements: list[float], step: float = None) -> dict:
+                prompts: list[str], agreements: list[float], step: float = None,
+                fold_ab: bool = False) -> dict:
     """Part 3 for one target: plain, then a :class:`Replay` at each agreement, interleaved;
     a draft step costs ``step`` seconds (None: the ``small`` model's calibrated step)."""
     suffix = "" if hybrid else "-attention"
@@ -281,7 +292,8 @@ def same_drafts(root: Path, t: tuple, small: tuple, hybrid: bool, n: int, repeat
         costs, model = eng._drafting.costs, eng.target
         step = costs.draft_step() if step is None else step
         costs.draft = step
-        configs = ["plain", *(f"a={a:.2f}" for a in agreements)]
+        configs = ["plain", *(f"a={a:.2f}" for a in agreements),
+                   *(f"a={a:.2f} nofold" for a in agreements if fold_ab)]
         res = {c: {"tokens": 0, "seconds": 0.0, "drafted": 0, "accepted": 0, "passes": 0,
                    "rollback": 0.0} for c in configs}
         mismatches, order = 0, 0
@@ -292,9 +304,11 @@ def same_drafts(root: Path, t: tuple, small: tuple, hybrid: bool, n: int, repeat
                 for i in range(len(configs)):
                     c = configs[(order + i) % len(configs)]
                     drafter = None if c == "plain" else Replay(
-                        ref, len(prompt), float(c[2:]), 1000 * r + j,
+                        ref, len(prompt), float(c[2:6]), 1000 * r + j,
                         AdaptiveLength(costs.snapshot()), step, model.n_vocab)
+                    set_fold(0 if c.endswith("nofold") else REDO_FOLD)
                     out, secs, s, rb = _decode(model, prompt, n, drafter)
+                    set_fold(REDO_FOLD)
                     mismatches += out != ref
                     v = res[c]
                     v["tokens"] += len(out)
@@ -336,14 +350,14 @@ def part3(root: Path, a, prompts: list[str], result: dict) -> int:
         for hybrid in (False, True):        # the twin's draft step is the hybrid's too
             kind = "hybrid" if hybrid else "attention"
             r = same_drafts(root, (tn, tq), small, hybrid, a.n, a.repeats, prompts,
-                            a.agreement, step)
+                            a.agreement, step, fold_ab=a.fold_ab and hybrid)
             step = r["step"]
             bad += r["mismatches"]
             print(f"  {label:<16} {kind:<9} a draft step {1e3 * step:.1f} ms")
             r["target_rollbacks"] = "-"
             both[kind] = report_pair(label, kind, r)
             result["pairs"][f"{label} same drafts {kind}"] = r
-        for c in both["hybrid"]:
+        for c in both["attention"]:
             if c != "plain":
                 h, t = both["hybrid"][c], both["attention"][c]
                 print(f"  {label}: {c} {h:.2f}x plain on the hybrid, {t:.2f}x on its twin: "
@@ -373,6 +387,9 @@ def main() -> int:
     ap.add_argument("--agreement", type=float, nargs="*", default=[0.9, 0.7],
                     help="part 3's agreements (none: skip part 3)")
     ap.add_argument("--parts", default="123", help="which parts to run (default: all)")
+    ap.add_argument("--fold-ab", action="store_true",
+                    help="part 3 on the hybrids also without folding redone tokens into the "
+                         "next pass (REDO_FOLD = 0), interleaved")
     a = ap.parse_args()
     root = a.dir / "tiny" if a.tiny else a.dir
     if a.make or (a.tiny and not (root / "tiny-hybrid.Q2_K.gguf").is_file()):

@@ -214,8 +214,7 @@ class LlamaModel(HasVocabulary):
             return self._run(parts)
 
     def evaluate_pending(self, seqs: Sequence[KVSequence]) -> None:
-        """Evaluate what ``seqs`` hold but llama.cpp does not yet (after a rollback to a
-        checkpoint below the cut: :meth:`KVSequence.pending`), with the model's lock held."""
+        """Evaluate what ``seqs`` hold but llama.cpp does not (:meth:`KVSequence.pending`)."""
         parts = [part for seq in seqs for part in (seq.pending() or ())]
         if parts:
             t0 = time.perf_counter()
@@ -268,11 +267,7 @@ class LlamaModel(HasVocabulary):
         if rc != 0:
             # On failure llama.cpp may have kept some ubatches: resynchronise our records.
             for _, seq, chunk, _ in call:
-                pos0 = len(seq.tokens)
-                kept = C.llama_memory_seq_pos_max(self.memory, seq.seq_id) + 1
-                seq.tokens = (seq.tokens + list(chunk))[:kept]
-                seq.held = len(seq.tokens)
-                seq.truncate(pos0)
+                seq.after_failed_pass(chunk)
             raise BackendError(f"llama_decode failed with code {rc} ("
                                f"{_DECODE_ERRORS.get(rc, 'fatal error')})")
         for _, seq, chunk, _ in call:

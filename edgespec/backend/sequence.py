@@ -208,6 +208,15 @@ class KVSequence:
         self.last_run = len(chunk)
         self._rolled = False
 
+    def after_failed_pass(self, chunk: Seq[int]) -> None:
+        """A ``llama_decode`` of ``chunk`` failed: llama.cpp may have kept some of it; take
+        those back too, so that the sequence is as before the pass."""
+        pos0 = len(self.tokens)
+        kept = C.llama_memory_seq_pos_max(self.model.memory, self.seq_id) + 1
+        self.tokens = (self.tokens + list(chunk))[:kept]
+        self.held = len(self.tokens)
+        self.truncate(pos0)
+
     # -- copies of the whole cache ---------------------------------------------------------
 
     def save_state(self, buffer: Optional[Callable[[int], np.ndarray]] = None) -> "ModelState":

@@ -177,7 +177,8 @@ class Costs:
         ``reach[j - 1]`` the probability that the first j drafts are accepted: the target's
         checkpoint in every drafting round, and when j < k are accepted, a restore and (with
         ``redo``) the j + 1 tokens kept evaluated again: as rows added to the next pass when
-        they are at most ``REDO_FOLD``, else as a pass of their own. All zeros where going back is free."""
+        they are at most ``REDO_FOLD``, else as a pass of their own. All zeros where going
+        back is free."""
         k = np.arange(len(reach) + 1)
         if not (self.checkpoint or self.restore or self.redo):
             return np.zeros(k.size)
