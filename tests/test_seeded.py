@@ -1,4 +1,4 @@
-"""A seed gives the same text with speculation on or off, on the real pairs: 14 prompts × 3
+"""A seed gives the same text with speculation on or off, on the real pairs: 10 prompts × 3
 seeds, the adaptive draft length; every drafter on SmolLM2, the two that draft with the
 model on Gemma. The noise of each position is keyed by (seed, position, token), so a draft
 can only be accepted where it equals the target's own sample; a divergence is allowed only
@@ -30,7 +30,7 @@ from edgespec.prompt_cache import common_prefix
 from edgespec.sampling import keyed_uniforms, warp
 
 PROMPTS = [p for name in ("default", "chat", "code", "extract", "summarise")
-           for p in PROMPT_SETS[name]][:14]
+           for p in PROMPT_SETS[name]][:10]
 SEEDS = (1, 22, 333)
 N = 24
 NEAR_TIE = 1e-3     # relative gap between the race's two best scores
