@@ -7,7 +7,7 @@ deadline is shared state).
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from ..backend import GrammarVocab
 from ..chat_template import ChatTemplate, validate_messages
@@ -20,6 +20,14 @@ if TYPE_CHECKING:
     from .drafting import Speculation
 from ..thinking import reads_thinking, separates, template_variables
 from ..tools import ToolPlan, plan_request
+
+# The repo-level fill-in-the-middle tokens, by the texts llama.cpp finds them by (its
+# fim_rep and fim_sep), and what it writes around other files: its placeholder names of the
+# repository and of the gap's file, and the separator of a model without those tokens.
+REPO_TOKENS = ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>")
+FILE_TOKENS = ("<|file_sep|>",)
+REPO_NAME, GAP_FILE_NAME = "myproject\n", "filename\n"
+SNIPPET = "\n\n--- snippet ---\n\n"
 
 
 class Prompter:
@@ -35,6 +43,7 @@ class Prompter:
                                      bos_token=special(target.vocab.bos),
                                      eos_token=special(target.vocab.eos))
         self._render = threading.Lock()
+        self._repo: Optional[tuple] = None       # the repo-level FIM tokens, once looked up
 
     def prepare(self, req: GenerationRequest, n_ctx: int,
                 speculation: Optional["Speculation"]) -> tuple[Prepared, Any]:
@@ -77,7 +86,9 @@ class Prompter:
     def infill(self, req: GenerationRequest) -> list[int]:
         """The tokens of a fill-in-the-middle request: the text before and after the gap in
         the model's FIM tokens, prefix-suffix-middle (as llama.cpp's ``/infill``), the texts
-        tokenized without reading special tokens in them."""
+        tokenized without reading special tokens in them. With ``infill_files`` (the server's
+        ``/infill``), the other files come first (:meth:`_files`) and the whole is cut to fit
+        the context as llama.cpp cuts it (:func:`fit_infill`)."""
         fim = self.target.vocab.fim
         if fim is None:
             raise InvalidParameterError("suffix", req.suffix, "left out: this model does not "
@@ -91,10 +102,42 @@ class Prompter:
             raise InvalidParameterError("suffix", req.suffix, "left out with tools or thinking: "
                                         "filling in the middle writes code, not calls")
         with self._life:
-            before, after = (self.target.tokenize(t, add_special=False, parse_special=False)
-                             for t in (req.prompt, req.suffix))
+            before, after = (self._plain(t) for t in (req.prompt, req.suffix))
+            files = self._files(req.infill_files) if req.infill_files is not None else []
         bos = [self.target.vocab.bos] if self.target.vocab.add_bos else []
-        return bos + [fim[0], *before, fim[1], *after, fim[2]]
+        if req.infill_files is not None:
+            n_ctx = self.target.n_ctx
+            room = n_ctx - min(req.max_tokens, n_ctx // 2) - len(bos) - len(fim)
+            before, after, files = fit_infill(before, after, files, room)
+        return bos + files + [fim[0], *before, fim[1], *after, fim[2]]
+
+    def _plain(self, text: str) -> list[int]:
+        """``text``'s tokens, special tokens read as text (hold ``_life``)."""
+        return self.target.tokenize(text, add_special=False, parse_special=False) if text \
+            else []
+
+    def _files(self, files: Sequence[tuple[str, str]]) -> list[int]:
+        """Other files' tokens, before the gap's file (hold ``_life``): in the repo-level
+        format where the model has its tokens (Qwen2.5-Coder's ``<|repo_name|>`` and
+        ``<|file_sep|>``: ``REPO myproject, SEP name, text, …, SEP filename``, with llama.cpp's
+        placeholder names), else each text after a ``--- snippet ---`` line, as llama.cpp."""
+        if self._repo is None:
+            self._repo = tuple(self._special(texts) for texts in (REPO_TOKENS, FILE_TOKENS))
+        repo, sep = self._repo
+        out = [repo, *self._plain(REPO_NAME)] if repo is not None else []
+        for name, text in files:
+            out += [sep, *self._plain(name + "\n")] if sep is not None else self._plain(SNIPPET)
+            out += self._plain(text)
+        return out + ([sep, *self._plain(GAP_FILE_NAME)] if sep is not None else [])
+
+    def _special(self, texts: Sequence[str]) -> Optional[int]:
+        """The id of the first of ``texts`` that is one special token of the model (found by
+        its text, as llama.cpp finds its FIM tokens), or None (hold ``_life``)."""
+        for text in texts:
+            ids = self.target.tokenize(text, add_special=False, parse_special=True)
+            if len(ids) == 1 and self._plain(text) != ids:
+                return ids[0]
+        return None
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         with self._life:
@@ -150,3 +193,17 @@ class Prompter:
                                         "a Constraint: Constraint.json_schema(schema), "
                                         ".json(), .regex(pattern) or .grammar(text)")
         return GrammarState(constraint, self._grammar_tokenizer(), self.target.n_vocab)
+
+
+def fit_infill(before: list[int], after: list[int], files: list[int],
+               room: int) -> tuple[list[int], list[int], list[int]]:
+    """The prefix, suffix and other files' tokens cut to ``room`` as llama.cpp's ``/infill``
+    cuts them: the prefix's end and the suffix's start first (the suffix a quarter at most
+    when both do not fit), then as much of the files as is left, from their end (the files
+    nearest the gap come last)."""
+    room = max(room, 0)
+    if len(before) + len(after) > room:
+        after = after[:min(len(after), room // 4)]
+        before = before[max(0, len(before) - (room - len(after))):]
+    take = min(len(files), room - len(before) - len(after))
+    return before, after, files[len(files) - take:]

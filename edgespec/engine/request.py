@@ -42,6 +42,9 @@ class GenerationRequest:
     ``think``: a thinking model's reasoning on or off (None: its template's default).
     ``suffix``: fill in the middle: the output goes between ``prompt`` (a text, sent as-is)
     and this text, in the model's fill-in-the-middle tokens (code models; None: no suffix).
+    ``infill_files``: with a suffix, other files' ``(filename, text)`` before the gap's, as
+    llama.cpp's ``/infill`` sends them (the model's repo-level tokens where it has them), the
+    prompt cut to fit the context as that does; None: the plain prefix-suffix-middle prompt.
     ``index_key``: whose earlier requests its drafts may come from and it adds to (a
     server's API key, digested; None: the Engine's own callers; see
     :mod:`edgespec.drafting.suffix`). :meth:`Engine.stream <edgespec.engine.engine.Engine.stream>`
@@ -61,6 +64,7 @@ class GenerationRequest:
     think: Any = None
     index_key: Optional[str] = None
     suffix: Optional[str] = None
+    infill_files: Optional[Sequence[tuple[str, str]]] = None
 
     def __post_init__(self) -> None:
         if self.sampling is None:
@@ -71,6 +75,9 @@ class GenerationRequest:
         check_max_tokens(self.max_tokens)
         object.__setattr__(self, "stop", check_stop(self.stop))
         check_logprobs(self.logprobs)
+        if self.infill_files is not None:
+            object.__setattr__(self, "infill_files", check_infill_files(self.infill_files,
+                                                                        self.suffix))
 
     @classmethod
     def of(cls, prompt: Prompt, **options) -> "GenerationRequest":
@@ -128,6 +135,17 @@ def check_stop(value: Any, name: str = "stop", most: Optional[int] = None,
                                     ("a non-empty string or " if one_string else "")
                                     + f"{many} non-empty strings")
     return tuple(stop)
+
+
+def check_infill_files(value: Any, suffix: Optional[str]) -> tuple:
+    """``value`` as a fill in the middle's other files: ``(filename, text)`` pairs of strings,
+    with a suffix given; a tuple of tuples."""
+    if (suffix is None or not isinstance(value, (list, tuple))
+            or any(not isinstance(f, (list, tuple)) or len(f) != 2
+                   or not all(isinstance(s, str) for s in f) for f in value)):
+        raise InvalidParameterError("infill_files", value, "None, or with a suffix a list of "
+                                    "(filename, text) pairs of strings")
+    return tuple((name, text) for name, text in value)
 
 
 def check_logprobs(value: Any) -> Optional[int]:

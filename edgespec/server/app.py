@@ -1,15 +1,17 @@
-"""The ASGI application: OpenAI's, Ollama's and Anthropic's endpoints over the models on this
-machine (Starlette, served by uvicorn).
+"""The ASGI application: OpenAI's, Ollama's and Anthropic's endpoints, and llama-server's
+``/infill`` for editors' autocomplete, over the models on this machine (Starlette, served by
+uvicorn).
 
 Every request that generates names a model (``model``); the :class:`~.models.ModelManager`
 loads it on first use (its registered draft with it), unloads idle ones when its budget says
 so, and refuses a name that is not on disk with a 404 that names ``edgespec pull``: no request
 is answered by another model than it named (``--model-alias`` maps names explicitly). The
-APIs go the same way: their routes (:mod:`.openai`, :mod:`.ollama`, :mod:`.anthropic`) check
-the body (:mod:`.protocol`, :mod:`.ollama_request`, :mod:`.anthropic_request`), and one path
-(:mod:`.generation`) leases the model, queues the generation on its Engine, frames the answer
-in the API's :class:`~.framing.Framing` (OpenAI's server-sent events, Ollama's NDJSON,
-Anthropic's named events) and counts the figures (:mod:`.metrics`, with ``--metrics``).
+APIs go the same way: their routes (:mod:`.openai`, :mod:`.ollama`, :mod:`.anthropic`,
+:mod:`.llamacpp`) check the body (:mod:`.protocol`, :mod:`.ollama_request`,
+:mod:`.anthropic_request`, :mod:`.llamacpp_request`), and one path (:mod:`.generation`)
+leases the model, queues the generation on its Engine, frames the answer in the API's
+:class:`~.framing.Framing` (OpenAI's server-sent events, Ollama's NDJSON, Anthropic's named
+events, llama-server's events) and counts the figures (:mod:`.metrics`, with ``--metrics``).
 Embeddings (``/api/embed``, ``/api/embeddings``, ``/v1/embeddings``: :mod:`.embeddings`)
 lease models the same way. This module wires the routes, the guards and the error handlers.
 
@@ -63,6 +65,7 @@ from .anthropic import AnthropicRoutes, is_anthropic
 from .anthropic_replies import anthropic_error
 from .embeddings import EmbeddingRoutes
 from .generation import INDEX_KEY, GenerationPath
+from .llamacpp import LlamaCppRoutes
 from ..catalogue import entry_for
 from .models import ModelManager
 from .ollama import OllamaRoutes
@@ -335,6 +338,7 @@ def create_app(engine=None, *, model_id: Optional[str] = None,
         *OpenAIRoutes(path, max_body).routes(),
         *OllamaRoutes(path, max_body).routes(),
         *AnthropicRoutes(path, max_body).routes(),
+        *LlamaCppRoutes(path, max_body).routes(),
         *OllamaModelRoutes(path, max_body).routes(),
         *EmbeddingRoutes(path, max_body).routes(),
     ]

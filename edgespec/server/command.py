@@ -30,8 +30,9 @@ def build_serve_parser(sub) -> None:
                     "(/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models), "
                     "Ollama's (/api/chat, /api/generate, /api/embed, /api/embeddings, "
                     "/api/tags, /api/show, /api/ps, /api/version, /api/pull, /api/delete, "
-                    "/api/copy) and Anthropic's (/v1/messages), plus /health and, with "
-                    "--metrics, /metrics. The pair "
+                    "/api/copy) and Anthropic's (/v1/messages), llama-server's /infill "
+                    "(editors' autocomplete), plus /health and, with --metrics, /metrics. "
+                    "The pair "
                     "given is loaded at start; a request naming another model on disk loads "
                     "it. For apps that speak only Ollama's API: --port 11434.")
     p.add_argument("--host", default="127.0.0.1",

@@ -1,12 +1,15 @@
 """How one API frames its replies to a generation: the interface the shared generation path
 (:mod:`.generation`) calls, implemented once per API (OpenAI's server-sent events in
-:mod:`.openai`, Ollama's NDJSON in :mod:`.ollama`).
+:mod:`.openai`, Ollama's NDJSON in :mod:`.ollama`, llama-server's events in
+:mod:`.llamacpp`).
 
 A streamed reply is the frames of :meth:`Framing.opening`, a frame per stream event (or none:
-:meth:`Framing.event`), then :meth:`Framing.closing` once the result is known, or
-:meth:`Framing.error` as the last frame when the generation fails or is cancelled. A whole
-reply is :meth:`Framing.body` (an error is raised as :class:`~.wire.APIError`, which the app
-answers in the API's shape). Another API is one more implementation and its routes.
+:meth:`Framing.event`) until the generation ends or the framing has all it needs
+(:meth:`Framing.ends`: the generation is stopped there), then :meth:`Framing.closing` once
+the result is known, or :meth:`Framing.error` as the last frame when the generation fails or
+is cancelled. A whole reply is :meth:`Framing.body` (an error is raised as
+:class:`~.wire.APIError`, which the app answers in the API's shape). Another API is one more
+implementation and its routes.
 """
 
 from __future__ import annotations
@@ -24,6 +27,13 @@ class Framing(ABC):
 
     media_type: str
     log_id: str
+
+    def ends(self, event: StreamEvent) -> bool:
+        """Whether the reply is complete with ``event`` (seen first, streamed or not, before
+        :meth:`event`): the generation is then stopped, and the frames and body after it are
+        the framing's to make (llama-server's ``n_indent`` and ``t_max_predict_ms``).
+        Default: never; the generation ends by itself."""
+        return False
 
     def opening(self) -> Sequence[bytes]:
         """Frames sent before the first token (none unless the API has some)."""

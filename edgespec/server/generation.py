@@ -12,7 +12,9 @@ Every stream keeps the same rules (:func:`guarded`): a failure is reported as it
 and logged; a client that goes away, or a stream that ends early any other way, cancels the
 generation (within one decoding step); the model's lease is held until the last byte is sent
 (:class:`LeasedResponse`), so the model is neither evicted nor unloaded under a stream. A
-whole response is cancelled when its client goes away while it waits.
+whole response is cancelled when its client goes away while it waits. An API's framing may
+end a generation early, streamed or not (:meth:`~.framing.Framing.ends`): it is stopped there
+and answered as one that reached its limit.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from ..errors import (ConstraintError, ContextOverflowError, EdgespecError, Engi
                       TemplateError, TemplateRefused)
 from ..engine.request import GenerationRequest
 from ..engine.streams import AsyncStream
+from ..results import Generation
 from .framing import Framing
 from ..catalogue import CatalogEntry, ModelKind, ModelNotFound
 from .models import ModelManager
@@ -181,7 +184,7 @@ class GenerationPath:
                                        media_type=framing.media_type,
                                        headers={**STREAM_HEADERS, **served})
             return LeasedResponse(stream, leases.pop_all())
-        result = await self._collect(request, gen, framing.log_id, timing)
+        result = await self._collect(request, gen, framing, timing)
         self._count(lease.name, endpoint, result, timing)
         if result.finish_reason == "cancelled":
             raise cancelled()
@@ -199,12 +202,18 @@ class GenerationPath:
         (:meth:`~.framing.Framing.closing`), not token by token."""
         for frame in framing.opening():
             yield frame
+        ended = False
         async for event in gen:
+            if ended:
+                continue        # the rest of the step under way when the framing ended it
             timing.token()
+            ended = framing.ends(event)
             frame = None if held else framing.event(event)
             if frame is not None:
                 yield frame
-        result = gen.result
+            if ended:
+                gen.cancel()
+        result = _ended(gen.result, ended)
         _log_result(framing.log_id, result)
         self._count(model, endpoint, result, timing)
         if result.finish_reason == "cancelled":
@@ -213,24 +222,32 @@ class GenerationPath:
         for frame in framing.closing(result, held):
             yield frame
 
-    async def _collect(self, request: Request, gen: AsyncStream, log_id: str, timing: Timing):
-        """Run a whole generation, cancelling it if the client goes away meanwhile."""
+    async def _collect(self, request: Request, gen: AsyncStream, framing: Framing,
+                       timing: Timing):
+        """Run a whole generation, cancelling it if the client goes away meanwhile (or when
+        the framing has all it needs, :meth:`~.framing.Framing.ends`)."""
         async def watch_disconnect() -> None:
             while (await request.receive())["type"] != "http.disconnect":
                 pass
             gen.cancel()
-            log.info("%s: client disconnected", log_id)
+            log.info("%s: client disconnected", framing.log_id)
 
+        ended = False
         try:
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(watch_disconnect)
-                async for _ in gen:
-                    timing.token()
+                async for event in gen:
+                    if not ended:
+                        timing.token()
+                        ended = framing.ends(event)
+                        if ended:
+                            gen.cancel()
                 tasks.cancel_scope.cancel()
         finally:
             gen.cancel()      # a no-op after the end; stops it if this task was cancelled
-        _log_result(log_id, gen.result)
-        return gen.result
+        result = _ended(gen.result, ended)
+        _log_result(framing.log_id, result)
+        return result
 
     def _count(self, model: str, endpoint: str, result, timing: Timing) -> None:
         if self.metrics is not None:
@@ -272,6 +289,13 @@ async def guarded(frames: AsyncIterator[bytes], gen: AsyncStream,
     finally:
         if not finished:
             gen.cancel()
+
+
+def _ended(result: Generation, ended: bool) -> Generation:
+    """``result`` of a generation its framing stopped (``ended``): at a limit, not cancelled."""
+    if ended and result.finish_reason == "cancelled":
+        return dataclasses.replace(result, finish_reason="length")
+    return result
 
 
 def _log_result(log_id: str, gen) -> None:
