@@ -595,3 +595,29 @@ def test_a_context_match_drafts_as_far_as_matches_of_its_length_have_paid():
     d = drafter.draft(long_ctx, 60, GREEDY, rng, lambda: False)
     assert drafter.long_match and len(d.x) >= 16 and d.x == text[8:8 + len(d.x)]
     assert drafter.draft(short_ctx, 60, GREEDY, rng, lambda: False).x == []
+
+
+def test_a_rejection_on_a_recurrent_model_is_priced_by_its_redo():
+    """Going back on a recurrent model: a checkpoint each drafting round; after a rejection a
+    restore and the kept tokens evaluated again, as rows in front of the next pass (at most
+    REDO_FOLD of them), more as a pass of their own."""
+    from edgespec.config import REDO_FOLD
+    table = {1: 0.045, 4: 0.155, 8: 0.284, 16: 0.400}
+    c = Costs(dict(table), draft=0.01, checkpoint=0.0014, restore=0.001, redo=True)
+    assert Costs(dict(table), draft=0.01).rollback(np.array([0.5, 0.2])).tolist() == [0, 0, 0]
+    for kept in (1, REDO_FOLD, REDO_FOLD + 1, 9):
+        reach = np.array([1.0] * (kept - 1) + [0.0])      # exactly kept - 1 drafts accepted
+        back = c.rollback(reach)[kept] - c.checkpoint - c.restore
+        redo = (c.bare(kept + 1) - c.bare(1)) if kept <= REDO_FOLD else c.bare(kept)
+        assert back == pytest.approx(float(redo)), kept
+    assert c.rollback(np.array([1.0, 1.0]))[2] == pytest.approx(c.checkpoint)  # no rejection
+
+
+def test_perfect_drafts_give_the_cheapest_rows_per_token():
+    """The bound `edgespec bench` reports: the least seconds a token of a pass of n rows,
+    as a share of a one-row pass (the EPYC's measured rows of Qwen2.5-Coder-1.5B)."""
+    c = Costs({1: 0.045, 4: 0.155, 8: 0.284, 16: 0.400, 33: 0.779}, draft=0.02)
+    assert c.perfect_drafts(33) == (pytest.approx(0.779 / 33 / 0.045), 33)
+    assert c.perfect_drafts(8) == (pytest.approx(0.284 / 8 / 0.045), 8)
+    flat = Costs({1: 0.05, 4: 0.25}, draft=0.02)          # rows no cheaper than passes
+    assert flat.perfect_drafts(16) == (1.0, 2)

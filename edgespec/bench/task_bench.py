@@ -201,7 +201,9 @@ def run_task_bench(engine, *, tasks: tuple = TASKS, max_tokens: int,
     finally:
         for e in every:
             cold(e)
-    res = summarise(cells, configs, default)
+    costs = engine._drafting.costs      # (as refined by the runs)
+    res = summarise(cells, configs, default,
+                    costs.perfect_drafts(engine.target.n_outputs_max) if costs else None)
 
     def per_task(values: list) -> dict:
         return {t: [v for (task, _), v in zip(items, values) if task == t] for t in tasks}
@@ -214,10 +216,15 @@ def run_task_bench(engine, *, tasks: tuple = TASKS, max_tokens: int,
     return res
 
 
-def _row(cells: dict, configs: list[Config], default: str, pinned: list[str]) -> dict:
+def _row(cells: dict, configs: list[Config], default: str, pinned: list[str],
+         perfect: Optional[tuple[float, int]] = None) -> dict:
     plain = cells["plain"]
     speedups = {c.name: plain.seconds / cells[c.name].seconds if cells[c.name].seconds
                 else 0.0 for c in configs[1:]}
+    # The bound: plain's answers with their decoding at the per-token cost of perfect drafts
+    # (always accepted, free), their prompts and the rest as they were.
+    bound = (plain.seconds / (plain.seconds - plain.decode * (1 - perfect[0]))
+             if perfect and plain.seconds else None)
     best = max(pinned, key=lambda n: speedups[n]) if pinned else None
     oracle = speedups[best] if best else None
     d = cells[default]
@@ -226,19 +233,21 @@ def _row(cells: dict, configs: list[Config], default: str, pinned: list[str]) ->
                         for c in configs},
             "speedups": speedups, "oracle": {"config": best, "speedup": oracle},
             "default_over_oracle": speedups[default] / oracle if oracle else None,
+            "bound": bound, "default_over_bound": speedups[default] / bound if bound else None,
             "default_acceptance": d.accepted / d.drafted if d.drafted else None,
             "completion_tokens": {c.name: cells[c.name].tokens for c in configs},
             "time": {n: cells[n].breakdown() for n in ("plain", default)},
             "ended": plain.ended}
 
 
-def summarise(cells: dict, configs: list[Config], default: str) -> dict:
+def summarise(cells: dict, configs: list[Config], default: str,
+              perfect: Optional[tuple[float, int]] = None) -> dict:
     """Per task: the plain time (mean seconds a prompt), each configuration's speedup, the
     oracle (the best configuration but plain and the default), the default over the oracle,
     the default's acceptance; and the geometric means over tasks (the default's acceptance:
     over all its drafts)."""
     pinned = [c.name for c in configs[1:] if c.name != default]
-    rows = {t: _row(row, configs, default, pinned) for t, row in cells.items()}
+    rows = {t: _row(row, configs, default, pinned, perfect) for t, row in cells.items()}
     drafted = sum(row[default].drafted for row in cells.values())
     accepted = sum(row[default].accepted for row in cells.values())
     overall = {
@@ -249,9 +258,13 @@ def summarise(cells: dict, configs: list[Config], default: str) -> dict:
         "oracle": {"config": "per task" if pinned else None,
                    "speedup": geomean([r["oracle"]["speedup"] for r in rows.values()])},
         "default_over_oracle": geomean([r["default_over_oracle"] for r in rows.values()]),
+        "bound": geomean([r["bound"] for r in rows.values()]),
+        "default_over_bound": geomean([r["default_over_bound"] for r in rows.values()]),
         "default_acceptance": accepted / drafted if drafted else None}
     return {"tasks": rows, "geomean": overall, "configs": [c.name for c in configs],
-            "default": default, "pinned": pinned}
+            "default": default, "pinned": pinned,
+            "perfect": None if perfect is None else {"per_token": perfect[0],
+                                                     "rows": perfect[1]}}
 
 
 def format_task_report(res: dict) -> str:
@@ -264,7 +277,7 @@ def format_task_report(res: dict) -> str:
     def x(v: Optional[float]) -> str:
         return "-" if v is None else f"{v:.2f}"
     lines = [f"{'task':14}{'plain s':>8}" + "".join(f"{n:>{w}}" for n, w in zip(shown, widths))
-             + f"  {'oracle':13}{'dflt/orc':>9}{'accept':>7}"]
+             + f"  {'oracle':13}{'dflt/orc':>9}{'bound':>7}{'dflt/bnd':>9}{'accept':>7}"]
     for name, r in [*res["tasks"].items(), ("geomean", res["geomean"])]:
         o = r["oracle"]
         oracle = f"{o['config']} {x(o['speedup'])}" if o["config"] else "-"
@@ -272,7 +285,8 @@ def format_task_report(res: dict) -> str:
         accept = "-" if a is None else f"{a:.0%}"
         lines.append(f"{name:14}{x(r['plain_seconds']):>8}"
                      + "".join(f"{x(r['speedups'][n]):>{w}}" for n, w in zip(names, widths))
-                     + f"  {oracle:13}{x(r['default_over_oracle']):>9}{accept:>7}")
+                     + f"  {oracle:13}{x(r['default_over_oracle']):>9}{x(r.get('bound')):>7}"
+                     + f"{x(r.get('default_over_bound')):>9}{accept:>7}")
     lines += _time_lines(res)
     cold_note = ("every generation from cold caches" if res["cold"] else
                  f"{res['warm_runs']} generation(s) found part of the prompt cached")
@@ -280,8 +294,13 @@ def format_task_report(res: dict) -> str:
         "plain s: a whole answer's wall time (prompt and decoding), mean per prompt; the "
         "others: speedup, plain time / its time; oracle: the best other configuration for the "
         "task; "
-        f"dflt/orc: the default's ({res['default']}*) speedup over the oracle's; accept: the "
-        "default's acceptance (-: it drafted nothing)",
+        f"dflt/orc: the default's ({res['default']}*) speedup over the oracle's; bound: what "
+        "drafts always accepted and free would give, plain's answers with their decoding at "
+        + (f"{res['perfect']['per_token']:.2f} of a one-row pass a token (passes of "
+           f"{res['perfect']['rows']} rows, from the cost model's measured row costs)"
+           if res.get("perfect") else "(no cost model: -)")
+        + "; dflt/bnd: the default's share of it; accept: the default's acceptance (-: it "
+        "drafted nothing)",
         f"{res['geomean']['prompts']} answers per configuration, {limits_note(res)}, "
         f"temperature {res['temperature']}, {cold_note}",
     ]

@@ -192,6 +192,16 @@ class Costs:
         return np.where(k > 0, self.checkpoint, 0.0) + np.concatenate(
             ([0.0], np.cumsum(stop * back)))
 
+    def perfect_drafts(self, max_rows: int) -> tuple[float, int]:
+        """What drafts that are always accepted and cost nothing would make of a token's
+        decoding: the least seconds per token of a pass of n = 2 … ``max_rows`` rows (n - 1
+        drafts and the token after them) as a share of a one-row pass, and that n. The
+        bound on decoding's speed-up is its inverse (what `edgespec bench` reports)."""
+        n = np.arange(2, max(2, max_rows) + 1, dtype=float)
+        per_token = self.bare(n) / n / float(self.bare(1.0))
+        i = int(np.argmin(per_token))
+        return min(1.0, float(per_token[i])), int(n[i])
+
     def snapshot(self) -> "Costs":
         """A copy of these figures, refined apart from here on."""
         return Costs(dict(self.target), self.draft, busy=self.busy, attention=self.attention,
