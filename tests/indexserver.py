@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import threading
+import time
 import zipfile
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -88,6 +89,7 @@ class FakeIndex(LoopbackServer):
         self.requests: list[str] = []
         self.stall_on: Optional[str] = None
         self.stall_after = 0
+        self.pace = 0.0         # seconds between the chunks of a file sent (0: at once)
         self.stalled = threading.Event()
         self._resume = threading.Event()
         self._lock = threading.Lock()
@@ -220,6 +222,9 @@ def _make_handler(index: FakeIndex):
                             index._resume.wait()
                         self.wfile.write(chunk)
                         sent += len(chunk)
+                        if index.pace:      # a download slow enough to be seen going
+                            self.wfile.flush()
+                            time.sleep(index.pace)
             except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True   # the client went away (killed, or gave up)
 

