@@ -19,6 +19,7 @@ import gguf
 import numpy as np
 import pytest
 
+from hubserver import sha256_of
 from server_helpers import ServerProcess, post, request, stop_checked
 
 pytestmark = pytest.mark.real
@@ -40,14 +41,6 @@ UNUSABLE = {"broken": "runs past the end of the file", "notes": "bad magic",
             "gemma3:vision": "holds an image or audio encoder too",
             "llama3.2-vision:11b": "architecture 'mllama' is not one this llama.cpp knows",
             LMS_MMPROJ: "vision projector"}
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def tiny_gguf(path: Path, arch: str, tensors: tuple[str, ...], general_type: str = "") -> Path:
@@ -76,7 +69,7 @@ class Ollama:
         if isinstance(source, bytes):
             digest, size = hashlib.sha256(source).hexdigest(), len(source)
         else:
-            digest, size = sha256(source), source.stat().st_size
+            digest, size = sha256_of(source), source.stat().st_size
         path = self.home / "blobs" / f"sha256-{digest}"
         if not path.exists():
             if isinstance(source, bytes):
@@ -127,7 +120,7 @@ def state(folders) -> dict:
                 st = p.lstat()
                 digest = None
                 if p.is_file() and not p.is_symlink():
-                    digest = hashes.get((st.st_dev, st.st_ino)) or sha256(p)
+                    digest = hashes.get((st.st_dev, st.st_ino)) or sha256_of(p)
                     hashes[(st.st_dev, st.st_ino)] = digest
                 out[str(p)] = (st.st_size, st.st_mtime_ns, st.st_ino, digest)
     return out
@@ -172,12 +165,12 @@ def stores(tmp_path_factory, smollm2_q4_path, smollm2_q2k_path, gemma_q4_path):
     repo = hub / "models--unsloth--gemma-3-270m-it-GGUF"
     rev = "a" * 40
     (repo / "blobs").mkdir(parents=True)
-    os.link(gemma, repo / "blobs" / sha256(gemma))
+    os.link(gemma, repo / "blobs" / sha256_of(gemma))
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(rev)
     snapshot = repo / "snapshots" / rev
     snapshot.mkdir(parents=True)
-    (snapshot / Path(HF_GEMMA).name).symlink_to(Path("../../blobs") / sha256(gemma))
+    (snapshot / Path(HF_GEMMA).name).symlink_to(Path("../../blobs") / sha256_of(gemma))
 
     folder, late = root / "folder", root / "late"
     folder.mkdir()
