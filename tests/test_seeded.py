@@ -1,6 +1,6 @@
 """A seed gives the same text with speculation on or off, on the real pairs: 10 prompts × 3
-seeds, the adaptive draft length; every drafter on SmolLM2, the two that draft with the
-model on Gemma. The noise of each position is keyed by (seed, position, token), so a draft
+seeds, the adaptive draft length; every drafter on SmolLM2, the hybrid one (the model's
+drafts where no n-gram matches, n-grams where one does) on Gemma. The noise of each position is keyed by (seed, position, token), so a draft
 can only be accepted where it equals the target's own sample; a divergence is allowed only
 where batched and one-by-one logits may pick different winners of the race (a near-tie, see
 docs/decisions.md).
@@ -119,6 +119,6 @@ def test_smollm2_seeded_output_is_the_same_with_speculation(smollm2_f32_path, sm
 
 @pytest.mark.slow
 def test_gemma_seeded_output_is_the_same_with_speculation(gemma_f32_path, gemma_q4_path):
-    # The n-gram drafter's proposals do not depend on the model (one-hot q, the same keyed
-    # match): SmolLM2 above runs it on a real model, tests/test_lossless_stats.py exactly.
-    check_pair(gemma_f32_path, gemma_q4_path, ("hybrid", "model"))
+    # The hybrid drafter drafts with the model where no n-gram matches and with n-grams where
+    # one does, so it covers both on a second vocabulary; SmolLM2 above runs each alone.
+    check_pair(gemma_f32_path, gemma_q4_path, ("hybrid",))
