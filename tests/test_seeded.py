@@ -1,9 +1,9 @@
 """A seed gives the same text with speculation on or off, on the real pairs: 10 prompts × 3
 seeds, the adaptive draft length; every drafter on SmolLM2, the hybrid one (the model's
-drafts where no n-gram matches, n-grams where one does) on Gemma. The noise of each position is keyed by (seed, position, token), so a draft
-can only be accepted where it equals the target's own sample; a divergence is allowed only
-where batched and one-by-one logits may pick different winners of the race (a near-tie, see
-docs/decisions.md).
+drafts where no n-gram matches, n-grams where one does) on Gemma. The noise of each position
+is keyed by (seed, position, token), so a draft can only be accepted where it equals the
+target's own sample; a divergence is allowed only where batched and one-by-one logits may
+pick different winners of the race (a near-tie, see docs/decisions.md).
 
 What "the same text" is checked against: the target's own seeded output is, token by token,
 the keyed sample of the target's distribution after the prompt and the tokens before it.
