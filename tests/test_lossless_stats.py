@@ -278,14 +278,15 @@ class _CountingModelDrafter(ModelDrafter):
 
 
 def run_loop(K, seed: int, kind: str = "model", keyed: bool = False, verifier: str = "block",
-             chain: Chain = MAIN, runs: int = N_RUNS):
+             chain: Chain = MAIN, runs: int = N_RUNS, params: SamplingParams | None = None):
     """``runs`` generations of N_NEW tokens after ``chain``'s context; ``keyed``: run r is
     seeded with seed + r (noise keyed by position) instead of drawing from one generator.
-    ``kind="plain"``: no drafter. ``verifier``: the acceptance rule of unseeded sampling."""
+    ``kind="plain"``: no drafter. ``verifier``: the acceptance rule of unseeded sampling.
+    ``params``: the sampler (default: plain softmax at T = 1)."""
     target, draft = MarkovLM(chain.target), MarkovLM(chain.draft)
     drafter = make_drafter(kind, draft, K) if kind != "plain" else None
     run_loop.drafter = drafter
-    params = SamplingParams.neutral(1.0)
+    params = SamplingParams.neutral(1.0) if params is None else params
     rng = np.random.default_rng(seed)
     seqs = np.zeros((runs, N_NEW), dtype=np.int64)
     stats = LoopStats()
@@ -309,6 +310,11 @@ def run_loop(K, seed: int, kind: str = "model", keyed: bool = False, verifier: s
 def _plain_keyed_runs(seed: int) -> np.ndarray:
     """Plain keyed sampling's runs (the same for every drafter the seeded test compares)."""
     return run_loop(0, seed=seed, kind="plain", keyed=True)[0]
+
+
+@functools.cache
+def _plain_keyed_penalised(seed: int) -> np.ndarray:
+    return run_loop(0, seed=seed, kind="plain", keyed=True, params=APP_SAMPLER)[0]
 
 
 N_STATS = N_NEW + 2                 # the marginals, the joint of 1–3, the transitions
@@ -474,3 +480,114 @@ def test_an_unweighted_block_residual_fails_the_same_test(monkeypatch):
     monkeypatch.setattr(verify, "residual", lambda p, q, w=1.0: residual(p, q))
     seqs, _ = run_loop(2, seed=100 + 2, verifier="block", chain=SHARP)
     check_caught(seqs, at_least=2, chain=SHARP)     # measured: 6.4× (position 3)
+
+
+# 3. Penalties. A penalty at a position depends on every token before it, the drafted ones of
+# the same verify pass included (row i of a pass is warped after the context and x_1..x_i).
+# The target's law is then no longer a Markov chain's: it is computed exactly by enumerating
+# the first PENALISED tokens (6^6 answers), warped by the sampler itself after each history.
+# The sampler is an app's (Ollama's default shape: temperature below 1, top_p, a repeat
+# penalty over a short window, presence and frequency penalties), strong enough on six tokens
+# to move the law far from the plain chain's.
+APP_SAMPLER = SamplingParams(temperature=0.8, top_k=0, top_p=0.9, min_p=0.0,
+                             repeat_penalty=1.5, repeat_last_n=4, presence_penalty=0.4,
+                             frequency_penalty=0.3)
+PENALISED = 6
+
+
+@functools.cache
+def penalised_law(chain: Chain = MAIN, params: SamplingParams = APP_SAMPLER) -> np.ndarray:
+    """P(first PENALISED tokens) under ``params`` after ``chain``'s context, as an array of
+    shape (n,) * PENALISED."""
+    from edgespec.sampling import warp
+    table = chain.target.astype(np.float32)
+    law = np.zeros((chain.n,) * PENALISED)
+
+    def grow(seq: tuple, p_seq: float) -> None:
+        if len(seq) == PENALISED:
+            law[seq] = p_seq
+            return
+        history = list(chain.context) + list(seq)
+        probs = warp(table[history[-1]].copy(), params, history).dense(chain.n)
+        for t in np.flatnonzero(probs):
+            grow(seq + (int(t),), p_seq * float(probs[t]))
+
+    grow((), 1.0)
+    return law
+
+
+N_PENALISED_STATS = PENALISED + 2
+
+
+def penalised_comparisons(seqs: np.ndarray) -> list[tuple[str, float, int, float]]:
+    """Every position's marginal, the joints of positions 1-3 and 4-6, against the exact law."""
+    law, n = penalised_law(), MAIN.n
+    out = []
+    for j in range(PENALISED):
+        marginal = law.sum(axis=tuple(a for a in range(PENALISED) if a != j))
+        out.append((f"position {j + 1}", *g_test(np.bincount(seqs[:, j], minlength=n),
+                                                 marginal)))
+    for a in (0, 3):
+        joint = law.sum(axis=tuple(b for b in range(PENALISED) if not a <= b < a + 3))
+        cells = (seqs[:, a] * n + seqs[:, a + 1]) * n + seqs[:, a + 2]
+        out.append((f"joint of {a + 1}-{a + 3}", *g_test(np.bincount(cells, minlength=n ** 3),
+                                                         joint.ravel())))
+    assert len(out) == N_PENALISED_STATS
+    return out
+
+
+def penalised_worst(seqs: np.ndarray):
+    found = max(penalised_comparisons(seqs),
+                key=lambda c: excess(c[1], c[2], ALPHA / N_PENALISED_STATS))
+    return found, excess(found[1], found[2], ALPHA / N_PENALISED_STATS)
+
+
+def test_the_penalised_law_is_not_the_plain_chains():
+    """The penalties matter here: the exact law of position 3 is far from the plain chain's
+    at the same temperature (a test that passed both would not be testing penalties)."""
+    law = penalised_law()
+    plain = penalised_law(MAIN, APP_SAMPLER.replace(repeat_penalty=1.0, presence_penalty=0.0,
+                                                    frequency_penalty=0.0))
+    assert np.isclose(law.sum(), 1.0) and np.isclose(plain.sum(), 1.0)
+    third = law.sum(axis=(0, 1, 3, 4, 5))
+    third_plain = plain.sum(axis=(0, 1, 3, 4, 5))
+    assert 0.5 * np.abs(third - third_plain).sum() > 0.1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind,K,verifier", [("model", 4, "block"), ("model", 4, "token"),
+                                             ("hybrid", "hybrid-adaptive", "block")])
+def test_penalties_stay_lossless_inside_a_verify_pass(kind, K, verifier):
+    seqs, stats = run_loop(K, seed=300 + len(kind), kind=kind, verifier=verifier,
+                           params=APP_SAMPLER)
+    assert stats.drafted > 0 and 0 < stats.accepted < stats.drafted
+    # drafts of several tokens were judged: rows past the first carried drafted history
+    assert len(stats.tested_at) >= 2 and stats.tested_at[1] > 0
+    found, ratio = penalised_worst(seqs)
+    assert ratio < 1, f"{found[0]}: G {found[1]:.1f} ({found[2]} df), p = {found[3]:.2e}"
+
+
+@pytest.mark.slow
+def test_seeded_penalised_sampling_is_the_plain_text():
+    """Seeded with an app's sampler, every run is the plain seeded run, token for token."""
+    plain = _plain_keyed_penalised(2_000)
+    seqs, stats = run_loop(4, seed=2_000, kind="model", keyed=True, params=APP_SAMPLER)
+    assert stats.drafted > 0 and 0 < stats.accepted < stats.drafted
+    assert np.array_equal(seqs, plain)
+    found, ratio = penalised_worst(seqs)
+    assert ratio < 1, found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("keyed", [False, True])
+def test_penalties_blind_to_the_drafts_are_caught(monkeypatch, keyed):
+    """Negative control: a verify pass that warps every row after the context alone (the
+    drafted tokens before a row left out of its penalties) emits another law; the same test
+    sees it, seeded or not."""
+    import edgespec.speculative as spec
+    from edgespec.verify import TargetRows
+    monkeypatch.setattr(spec, "TargetRows", lambda rows, params, tail, x, masks:
+                        TargetRows(rows, params, tail, [], masks))
+    seqs, _ = run_loop(4, seed=400, kind="model", keyed=keyed, params=APP_SAMPLER)
+    _, ratio = penalised_worst(seqs)
+    assert ratio >= 3, ratio

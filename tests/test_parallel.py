@@ -102,7 +102,9 @@ def test_a_stream_among_others_keeps_the_targets_distribution():
 
 @pytest.mark.slow
 def test_a_stream_taking_turns_with_others_keeps_the_targets_distribution():
-    seqs, target = run_interleaved(turns=True)
+    # Half the runs of the test above (one stream's round a pass hands the models from thread
+    # to thread four times as often): the broken rule below is caught over a quarter of them.
+    seqs, target = run_interleaved(N_RUNS // 2, turns=True)
     assert target.parts == target.calls              # one stream's rows a pass
     check_matches_plain(seqs)
 

@@ -180,12 +180,16 @@ def joint_law(model: LlamaModel, prompt: list[int], params: SamplingParams,
 
 
 STAT_PROMPT = "My favourite colour is"
-# T = 0.5 over four tokens, untruncated. The first token comes from the prompt's row, the next
-# round drafts two (block verification over the real draft's q) and the target adds one.
-STAT_PARAMS = SamplingParams(temperature=0.5, top_k=0, top_p=1.0, min_p=0.0)
+# T = 0.4 over four tokens, untruncated. The first token comes from the prompt's row, the next
+# round drafts two (block verification over the real draft's q) and the target adds one. The
+# temperature and the cells' floor are where accepting every draft moves the cells' law the
+# most per answer (computed exactly from both models' rows: the noncentrality over 400
+# answers is ~108 on 7 degrees of freedom, against ~60 at T = 0.5 with a floor of 0.1, and
+# less at T = 0.8 or 1, where the 0.5B and the 1.5B differ in tokens too rare to have cells).
+STAT_PARAMS = SamplingParams(temperature=0.4, top_k=0, top_p=1.0, min_p=0.0)
 STAT_TOKENS = 4
 STAT_RUNS = 400
-CELL_FLOOR = 0.1
+CELL_FLOOR = 0.05
 OTHER = ("other",)
 
 
@@ -229,16 +233,16 @@ def test_sampling_on_the_real_pair_emits_the_targets_joint_law(stat_case):
 @pytest.mark.slow
 def test_accepting_every_real_draft_fails_the_same_test(stat_case, monkeypatch):
     """Negative control: the 0.5B model's drafts accepted whole are caught. The 0.5B agrees
-    closely with the target at T = 0.5, so the distortion is small: over STAT_RUNS answers G
-    came out at 0.84-1.7x the critical value (G ~55 give or take ~14), and below 1x it failed
-    two full-suite runs; twice the answers double G's expectation (~3 times the critical
-    value, ~3 standard deviations above it)."""
+    closely with the target, so the distortion is small: at T = 0.5 with cells of 0.1, G over
+    400 answers came out at 0.84-1.7x the critical value and failed two full-suite runs. At
+    STAT_PARAMS and CELL_FLOOR its expectation is ~115 against a critical value of ~41, 3.5
+    standard deviations above it (computed exactly from the two models' rows)."""
     import edgespec.speculative as spec
     monkeypatch.setattr(spec, "verify_block",
                         lambda x, q, p, rng, n_vocab: (len(x), p(len(x)).sample(rng)))
     law, eng = stat_case
-    runs, drafted = sample_runs(eng, 2 * STAT_RUNS)
-    assert drafted >= 2 * STAT_RUNS
+    runs, drafted = sample_runs(eng, STAT_RUNS)
+    assert drafted >= STAT_RUNS
     g, df, _ = g_against(law, runs)
     print(f"\ncontrol: G = {g:.1f} on {df} df, {excess(g, df, ALPHA):.1f}x the critical value")
     assert excess(g, df, ALPHA) >= 1.0, f"G = {g:.1f} on {df} degrees of freedom"

@@ -114,7 +114,7 @@ def test_sampled_output_through_a_worker_has_the_targets_distribution(
     that the draft is often rejected)."""
     params = SamplingParams(temperature=1.5, top_k=4, top_p=1.0, min_p=0.0)
     prompt = "Once upon a time"
-    n = 600
+    n = 400
     (w,) = workers(1)
     with Engine.load(smollm2_f32_path, smollm2_q2k_path, n_ctx=256, drafter="model",
                      draft_max=2, rpc=w.endpoint) as eng:
