@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from edgespec import SamplingParams
 from edgespec.bench.task_bench import (Cell, edit_budget, format_task_report, limits_note,
                                        summarise, task_configs)
 from edgespec.bench.tasks import (CODE_EDITS, EDIT_KINDS, LANGUAGES, LAYOUTS, TASKS, CodeEdit,
@@ -252,3 +253,21 @@ def test_a_task_run_has_every_tasks_row_from_cold_caches(smollm2_f32_path, smoll
     assert [line.split()[0] for line in table[1:4]] == ["qa", "code_edit", "geomean"]
     assert "up to 4 new tokens; code_edit the whole file back" in table[-1]
     assert "at most -n 4" in table[-1]
+
+
+def test_an_apps_sampler_is_what_the_app_sends_and_temperature_changes_only_it():
+    import argparse
+
+    from edgespec.bench.command import bench_sampling
+
+    def args(**kw):
+        base = dict(sampler=None, temperature=None, seed=None)
+        return argparse.Namespace(**{**base, **kw})
+    assert bench_sampling(args()).greedy
+    assert bench_sampling(args(temperature=0.7)) == SamplingParams(temperature=0.7)
+    ollama = bench_sampling(args(sampler="ollama", seed=5))
+    assert (ollama.temperature, ollama.top_k, ollama.top_p, ollama.min_p, ollama.repeat_penalty,
+            ollama.repeat_last_n, ollama.seed) == (0.8, 40, 0.9, 0.0, 1.1, 64, 5)
+    qwen = bench_sampling(args(sampler="qwen", temperature=0.2))
+    assert (qwen.temperature, qwen.top_k, qwen.top_p, qwen.repeat_penalty) == (0.2, 20, 0.8, 1.05)
+    assert bench_sampling(args(sampler="openai")) == SamplingParams.neutral(1.0)

@@ -46,6 +46,20 @@ def test_models_are_byte_reproducible(hybrid_models, smollm2_q4_path, tmp_path):
     assert sha256(other) != sha256(again)
 
 
+def test_the_tokenizer_is_copied_as_gguf_py_reads_it(smollm2_q4_path):
+    """The writer reads a model's tokenizer keys from the header itself (gguf-py's reader
+    takes seconds over a large vocabulary): the same values and types as gguf-py's."""
+    import gguf
+
+    from edgespec.bench.synthetic import _read_tokenizer
+    st = smollm2_q4_path.stat()
+    ours = _read_tokenizer(str(smollm2_q4_path), st.st_size, st.st_mtime_ns)
+    theirs = {name: (f.contents(), f.types[0], f.types[1] if len(f.types) > 1 else None)
+              for name, f in gguf.GGUFReader(str(smollm2_q4_path)).fields.items()
+              if name.startswith("tokenizer.")}
+    assert len(ours["tokenizer.ggml.tokens"][0]) == 49152 and ours == theirs
+
+
 PLAIN: dict = {}
 
 

@@ -556,7 +556,7 @@ def test_the_penalised_law_is_not_the_plain_chains():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind,K,verifier", [("model", 4, "block"), ("model", 4, "token"),
-                                             ("hybrid", "hybrid-adaptive", "block")])
+                                             ("hybrid", 4, "block")])
 def test_penalties_stay_lossless_inside_a_verify_pass(kind, K, verifier):
     seqs, stats = run_loop(K, seed=300 + len(kind), kind=kind, verifier=verifier,
                            params=APP_SAMPLER)
@@ -583,11 +583,14 @@ def test_seeded_penalised_sampling_is_the_plain_text():
 def test_penalties_blind_to_the_drafts_are_caught(monkeypatch, keyed):
     """Negative control: a verify pass that warps every row after the context alone (the
     drafted tokens before a row left out of its penalties) emits another law; the same test
-    sees it, seeded or not."""
+    sees it, seeded or not. Over a quarter of the runs: measured, it emits answers the exact
+    law gives no chance (top_p cuts the token it keeps), so G is infinite at 1,000 runs as at
+    4,000."""
     import edgespec.speculative as spec
     from edgespec.verify import TargetRows
     monkeypatch.setattr(spec, "TargetRows", lambda rows, params, tail, x, masks:
                         TargetRows(rows, params, tail, [], masks))
-    seqs, _ = run_loop(4, seed=400, kind="model", keyed=keyed, params=APP_SAMPLER)
+    seqs, _ = run_loop(4, seed=400, kind="model", keyed=keyed, params=APP_SAMPLER,
+                       runs=N_RUNS // 4)
     _, ratio = penalised_worst(seqs)
     assert ratio >= 3, ratio

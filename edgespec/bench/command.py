@@ -17,6 +17,30 @@ from .task_bench import format_task_report, run_task_bench
 from .tasks import TASKS
 
 
+# What apps send when their user changed nothing: llama.cpp's defaults; Ollama's (its
+# Modelfile defaults); Qwen's recommended for its instruct models; OpenAI clients' (T = 1, no
+# cut-off). `edgespec bench --sampler NAME`; --temperature changes only the temperature.
+APP_SAMPLERS = {
+    "llama.cpp": SamplingParams(),
+    "ollama": SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.0,
+                             repeat_penalty=1.1, repeat_last_n=64),
+    "qwen": SamplingParams(temperature=0.7, top_k=20, top_p=0.8, min_p=0.0,
+                           repeat_penalty=1.05),
+    "openai": SamplingParams.neutral(1.0),
+}
+
+
+def bench_sampling(args) -> SamplingParams:
+    """The sampler the runs use: ``--sampler``'s, its temperature changed by
+    ``--temperature``; without ``--sampler``, llama.cpp's at ``--temperature`` (default 0:
+    greedy)."""
+    if args.sampler is None:
+        return SamplingParams(temperature=args.temperature or 0.0, seed=args.seed)
+    params = APP_SAMPLERS[args.sampler].replace(seed=args.seed)
+    return params if args.temperature is None else params.replace(
+        temperature=args.temperature)
+
+
 def cmd_bench(args) -> int:
     if args.tasks is not None and args.prompts != "tasks":
         raise UsageError("--tasks goes with --prompts tasks")
@@ -25,7 +49,7 @@ def cmd_bench(args) -> int:
     if args.new_tokens is not None:
         raise UsageError("--new-tokens goes with --prompt-lengths (the other modes take "
                          "--max-tokens)")
-    sampling = SamplingParams(temperature=args.temperature, seed=args.seed)
+    sampling = bench_sampling(args)
     ks = parse_ks(args.ks or ("2,4,8" if args.prompts == "tasks" else "2,4,8,16"))
     if args.prompts == "tasks":
         return cmd_tasks(args, sampling, ks)
@@ -103,7 +127,8 @@ def cmd_tasks(args, sampling: SamplingParams, ks: list[int]) -> int:
                              ks=ks, repeats=args.repeats, edit_cap=args.max_tokens or None,
                              log=log)
         res.update(prompt_set="tasks", prompt_mode="raw" if raw else "chat",
-                   target=eng.target.path.name, draft=eng.draft.path.name)
+                   target=eng.target.path.name, draft=eng.draft.path.name,
+                   sampler=args.sampler)
     print(json.dumps(res) if args.json else format_task_report(res) + f"\n{mode}")
     return 0
 
@@ -134,7 +159,7 @@ def cmd_long_prompts(args) -> int:
                          f"needs a context of {need} tokens, more than --ctx-size "
                          f"{args.ctx_size}: load with a larger context (--ctx-size "
                          f"{-(-need // 1024) * 1024})")
-    sampling = SamplingParams(temperature=args.temperature, seed=args.seed)
+    sampling = bench_sampling(args)
     with load_engine(args) as eng:
         raw = args.raw or eng.template.is_fallback
         log = (lambda s: None) if args.json else status
@@ -180,7 +205,12 @@ def build_bench_parser(sub) -> None:
     p.add_argument("--repeats", type=int_option("--repeats", 1), default=1)
     p.add_argument("--ks", help="pinned draft lengths to compare (default 2,4,8,16; 2,4,8 with "
                                "--prompts tasks)")
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--temperature", type=float, default=None,
+                   help="the runs' temperature (default 0: greedy; with --sampler, its own)")
+    p.add_argument("--sampler", choices=list(APP_SAMPLERS),
+                   help="an app's sampler: llama.cpp's defaults, Ollama's (0.8, top_k 40, "
+                        "top_p 0.9, repeat penalty 1.1 over 64), Qwen's (0.7, top_k 20, "
+                        "top_p 0.8, repetition 1.05) or OpenAI clients' (1.0)")
     p.add_argument("--seed", type=int, default=None,
                    help="with --temperature above 0: the seeded runs' seed (each prompt adds "
                         "its index; default 1234); unseeded runs are measured beside them")

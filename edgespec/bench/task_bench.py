@@ -302,7 +302,8 @@ def format_task_report(res: dict) -> str:
         + "; dflt/bnd: the default's share of it; accept: the default's acceptance (-: it "
         "drafted nothing)",
         f"{res['geomean']['prompts']} answers per configuration, {limits_note(res)}, "
-        f"temperature {res['temperature']}, {cold_note}",
+        + (f"{res['sampler']}'s sampler at " if res.get("sampler") else "")
+        + f"temperature {res['temperature']}, {cold_note}",
     ]
     return "\n".join(lines)
 

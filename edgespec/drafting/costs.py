@@ -18,9 +18,16 @@ from ..config import REDO_FOLD
 FREE_DRAFT = 1e-4
 # Passes over a context at least this long teach the attention term; shorter ones the table.
 ATTENTION_CONTEXT = 256
-# How far one observation moves the attention term (it starts unknown, at 0: faster than the
-# table's, which starts measured).
-ATTENTION_EMA = 0.2
+# A pass of several rows teaches the table's entry for its row count and, after a long context,
+# the attention term, by least squares (a Kalman filter over both, :meth:`Costs._learn_rows`):
+# each moves by how uncertain it is against how noisy a pass's seconds are. Each spread is
+# relative to its figure: a pass's seconds (noise), the calibration's table against real rows
+# (prior; the attention term starts unknown, at most a one-row pass per PRIOR_CONTEXT tokens),
+# and what the machine may drift per pass.
+PASS_NOISE = 0.15
+PRIOR_SPREAD = 0.25
+PRIOR_CONTEXT = 2000
+DRIFT = 0.02
 
 
 @dataclass
@@ -36,6 +43,11 @@ class Costs:
     16 tokens, 2.4 after 1,500 and 3.5 after 2,900, and drafting that pays on a short prompt
     loses on a long one. ``position`` says the target's context length now (the engine gives
     its target's; 0 without one).
+
+    Every verify pass refines the table's entry for its own row count (added where the table
+    had none), at any context: llama.cpp's CPU kernels work in tiles of rows, so a pass of 12
+    rows may cost what one of 16 does, which no line between measured sizes shows (the
+    1.5B Qwen on the EPYC: 400 ms for 12 rows where the line says 340).
     """
 
     target: dict[int, float]
@@ -70,9 +82,12 @@ class Costs:
         self.attention, self.draft_attention = other.attention, other.draft_attention
         self.draft_batch = dict(other.draft_batch) or self.draft_batch
         self.checkpoint, self.restore, self.redo = other.checkpoint, other.restore, other.redo
+        self._cov = None
         self._table()
 
     def __post_init__(self) -> None:
+        self._cov: Optional[np.ndarray] = None      # the least squares' (table, attention)
+        self._cov_keys: list[int] = []
         self._table()
 
     def _table(self) -> None:
@@ -128,16 +143,39 @@ class Costs:
             self.draft_attention *= scale
             self.checkpoint *= scale
             self.restore *= scale
-        elif context >= ATTENTION_CONTEXT:
-            # A batch over a long context: what it cost beyond the table is attention.
-            base = float(self.bare(float(n)))
-            seen = min(max(seconds, 0.5 * old), 2.0 * old)
-            implied = max(0.0, seen - base) / (n * context)
-            self.attention += ATTENTION_EMA * (implied - self.attention)
-            return
+            self._cov = None if self._cov is None else self._cov * scale ** 2
         else:
-            self.target[n] = new - self.attention * n * context
+            self._learn_rows(n, min(max(seconds, 0.5 * old), 2.0 * old), context)
         self._table()
+
+    def _learn_rows(self, n: int, seen: float, context: int) -> None:
+        """Least squares, one pass at a time: the seconds ``seen`` of a pass of ``n`` rows
+        after ``context`` tokens are the table's entry for ``n`` plus the attention term's
+        share; the residual moves each by its uncertainty (a long context's pass can be
+        told apart from a costlier row count only over passes of several lengths and
+        contexts; the prior decides until then). After a short context only the entry
+        learns."""
+        if n not in self.target:
+            self.target[n] = float(self.bare(float(n)))
+        keys = sorted(self.target)
+        m = len(keys)
+        theta = np.array([self.target[k] for k in keys] + [self.attention])
+        spread = np.append(theta[:m], max(self.attention, self.target[keys[0]] / PRIOR_CONTEXT))
+        if self._cov is None or self._cov_keys != keys:
+            self._cov_keys = keys
+            self._cov = np.diag((PRIOR_SPREAD * spread) ** 2)
+        cov = self._cov + np.diag((DRIFT * spread) ** 2)
+        phi = np.zeros(m + 1)
+        phi[keys.index(n)] = 1.0
+        long = context >= ATTENTION_CONTEXT
+        phi[m] = n * context if long else 0.0
+        predicted = theta @ phi + (0.0 if long else self.attention * n * context)
+        c_phi = cov @ phi
+        gain = c_phi / (phi @ c_phi + (PASS_NOISE * predicted) ** 2)
+        theta = theta + gain * (seen - predicted)
+        self._cov = cov - np.outer(gain, c_phi)
+        self.target = {k: max(float(v), 1e-9) for k, v in zip(keys, theta[:m])}
+        self.attention = max(float(theta[m]), 0.0)
 
     def draft_step(self) -> float:
         """Seconds of one draft step after the current context (:attr:`position`): the
