@@ -193,14 +193,44 @@ CELL_FLOOR = 0.05
 OTHER = ("other",)
 
 
-def sample_runs(eng: Engine, n: int) -> tuple[list[tuple], int]:
-    """``n`` answers' token tuples, and how many tokens were drafted in all."""
-    out, drafted = [], 0
-    for _ in range(n):
-        g = eng.generate(STAT_PROMPT, max_tokens=STAT_TOKENS, sampling=STAT_PARAMS, raw=True)
-        out.append(tuple(g.tokens))
-        drafted += g.stats.drafted
-    return out, drafted
+def sample_runs(eng: Engine, n: int) -> tuple[list[tuple], list[tuple], int]:
+    """``n`` answers' token tuples; the answers the loop would have given had it accepted
+    every draft (the negative control), replayed on the very same drafts and rows; and how
+    many tokens were drafted in all.
+
+    The replay: an answer's first token comes from the prompt's row, its second round drafts
+    two tokens and verifies them in one pass (STAT_TOKENS = 4, ``draft_max`` 2). A loop that
+    accepts every draft emits those two and a token drawn from the pass's row after them,
+    and is done: so the broken answer is the real one's first token, the first verify pass's
+    drafts and a draw from its last row (from a generator of its own: the real verification
+    draws as it would alone)."""
+    import edgespec.speculative as spec
+    real, replay = spec.verify_block, np.random.default_rng(2024)
+    tails: list[tuple] = []
+    out: list[tuple] = []
+
+    def verify(x, q, p, rng, n_vocab):
+        if x and len(tails) == len(out):    # this answer's first pass with drafts
+            # (two drafts after the first token: the broken loop ends with this pass)
+            tails.append((*x, p(len(x)).sample(replay)) if len(x) == STAT_TOKENS - 2 else ())
+        return real(x, q, p, rng, n_vocab)
+
+    broken, drafted = [], 0
+    spec.verify_block = verify
+    try:
+        for _ in range(n):
+            g = eng.generate(STAT_PROMPT, max_tokens=STAT_TOKENS, sampling=STAT_PARAMS,
+                             raw=True)
+            if len(tails) == len(out):      # (an answer that ended on its first token)
+                tails.append(())
+            out.append(tuple(g.tokens))
+            # an answer whose second round did not draft two tokens counts as it came (the
+            # control's distortion only diluted: it cannot make a correct loop fail)
+            broken.append((g.tokens[0], *tails[-1]) if tails[-1] else out[-1])
+            drafted += g.stats.drafted
+    finally:
+        spec.verify_block = real
+    return out, broken, drafted
 
 
 def g_against(law: dict, runs: list) -> tuple[float, int, float]:
@@ -213,36 +243,34 @@ def g_against(law: dict, runs: list) -> tuple[float, int, float]:
 
 @pytest.fixture(scope="module")
 def stat_case(qwen, reference):
-    """The target's exact law, and an Engine that drafts two tokens with the real 0.5B
-    model whenever the budget allows."""
+    """The target's exact law, and STAT_RUNS answers of an Engine that drafts two tokens with
+    the real 0.5B model whenever the budget allows, with the control's replay of each
+    (:func:`sample_runs`)."""
     law = joint_law(reference, qwen.prompt_tokens(STAT_PROMPT, raw=True), STAT_PARAMS,
                     STAT_TOKENS)
-    return law, Engine(qwen.target, qwen.draft, _spec(drafter="model", draft_max=2),
-                       draft_head=qwen.draft_head)
+    eng = Engine(qwen.target, qwen.draft, _spec(drafter="model", draft_max=2),
+                 draft_head=qwen.draft_head)
+    return (law, *sample_runs(eng, STAT_RUNS))
 
 
 @pytest.mark.slow
 def test_sampling_on_the_real_pair_emits_the_targets_joint_law(stat_case):
-    law, eng = stat_case
-    runs, drafted = sample_runs(eng, STAT_RUNS)
+    law, runs, _, drafted = stat_case
     assert drafted >= STAT_RUNS         # every answer's verify pass judged real drafts
     g, df, p = g_against(law, runs)
     assert p >= ALPHA, f"G = {g:.1f} on {df} degrees of freedom, p = {p:.2e}"
 
 
 @pytest.mark.slow
-def test_accepting_every_real_draft_fails_the_same_test(stat_case, monkeypatch):
-    """Negative control: the 0.5B model's drafts accepted whole are caught. The 0.5B agrees
+def test_accepting_every_real_draft_fails_the_same_test(stat_case):
+    """Negative control: the 0.5B model's drafts accepted whole are caught, on the same drafts
+    and target rows as the test above (:func:`sample_runs` replays them). The 0.5B agrees
     closely with the target, so the distortion is small: at T = 0.5 with cells of 0.1, G over
     400 answers came out at 0.84-1.7x the critical value and failed two full-suite runs. At
     STAT_PARAMS and CELL_FLOOR its expectation is ~115 against a critical value of ~41, 3.5
     standard deviations above it (computed exactly from the two models' rows)."""
-    import edgespec.speculative as spec
-    monkeypatch.setattr(spec, "verify_block",
-                        lambda x, q, p, rng, n_vocab: (len(x), p(len(x)).sample(rng)))
-    law, eng = stat_case
-    runs, drafted = sample_runs(eng, STAT_RUNS)
-    assert drafted >= STAT_RUNS
-    g, df, _ = g_against(law, runs)
+    law, runs, broken, _ = stat_case
+    assert broken != runs           # drafts were rejected: the replay differs from the answers
+    g, df, _ = g_against(law, broken)
     print(f"\ncontrol: G = {g:.1f} on {df} df, {excess(g, df, ALPHA):.1f}x the critical value")
     assert excess(g, df, ALPHA) >= 1.0, f"G = {g:.1f} on {df} degrees of freedom"
