@@ -8,14 +8,16 @@ by side in one run.
 
 Held-out code (modules of Python's standard library, read with ``inspect``): "repetitive"
 files that repeat their own patterns (tables of constants, families of near-identical
-methods) and "other" files of plain logic. Each file is cut at ``--cuts`` lines spread over
-it, part-way into the line (an editor's cursor): the text before is ``input_prefix``, the rest
-``input_suffix``; ``--extra`` sends another file of the same kind as an ``input_extra`` chunk
+methods) and "other" files of plain logic. In each file an editor's user types down one
+region (:func:`cuts`): ``--cuts`` requests, each with the cursor a few lines further on, so each
+prefix extends the last one's (what a server's prompt cache reuses) and the suffix is the
+lines below; ``--extra`` sends another file of the same kind as an ``input_extra`` chunk
 (what llama.vscode sends from the editor's other buffers). Greedy, ``-n`` tokens
 (``n_predict``), each request's wall time from sending it to the reply's last byte (prompt
-included). The two servers answer each request in turn, the order alternating; the answers
-must be the same (greedy is lossless). Printed per kind: plain's mean seconds a request and the
-speedup of the default (plain's time over its time, summed over the requests of the kind).
+included) and its decoding time (the reply's ``timings.predicted_ms``). The two servers answer
+each request in turn, the order alternating; the answers must be the same (greedy is
+lossless). Printed per kind: plain's mean seconds a request and the speedup of the default
+(plain's time over its time, summed over the requests of the kind), in all and decoding.
 """
 
 from __future__ import annotations
@@ -38,23 +40,32 @@ def source(name: str) -> str:
     return inspect.getsource(importlib.import_module(name))
 
 
-def cuts(text: str, k: int) -> list[tuple[str, str]]:
-    """``k`` (prefix, suffix) pairs: cut at lines spread over the file's middle, part-way into
-    each line (after its indentation and half its remaining characters)."""
+def cuts(text: str, k: int, before: int = 40, after: int = 20,
+         step: int = 6) -> list[tuple[str, str]]:
+    """``k`` (prefix, suffix) pairs as an editor sends them while its user types down one
+    region of the file: the region starts in the file's middle; cut ``j`` is ``step`` lines
+    further on than cut ``j - 1``, part-way into a line with code on it (after its
+    indentation and half its remaining characters); the prefix is the ``before`` lines above
+    the region's start and everything down to the cut (so each request's prefix extends the
+    last one's, as it does while typing: what a server caches), the suffix the rest of the
+    line and ``after`` lines below."""
     lines = text.splitlines(keepends=True)
+    start = max(before, len(lines) // 3)
     out = []
     for j in range(k):
-        i = len(lines) * (j + 1) // (k + 1)
+        i = min(start + (j + 1) * step, len(lines) - 2)
         while i < len(lines) - 1 and len(lines[i].strip()) < 8:     # a line with code on it
             i += 1
         line = lines[i]
         indent = len(line) - len(line.lstrip())
         at = indent + (len(line) - indent) // 2
-        out.append(("".join(lines[:i]) + line[:at], line[at:] + "".join(lines[i + 1:])))
+        out.append(("".join(lines[start - before:i]) + line[:at],
+                    line[at:] + "".join(lines[i + 1:i + 1 + after])))
     return out
 
 
-def infill(port: int, prefix: str, suffix: str, extra: list, n: int) -> tuple[float, str]:
+def infill(port: int, prefix: str, suffix: str, extra: list, n: int) -> tuple[float, str, dict]:
+    """One request: its wall time, the completion and llama-server's ``timings``."""
     body = {"input_prefix": prefix, "input_suffix": suffix, "input_extra": extra,
             "n_predict": n, "temperature": 0, "cache_prompt": True}
     t0 = time.perf_counter()
@@ -67,7 +78,8 @@ def infill(port: int, prefix: str, suffix: str, extra: list, n: int) -> tuple[fl
     conn.close()
     if resp.status != 200:
         sys.exit(f"port {port}: {resp.status} {data[:300]!r}")
-    return seconds, json.loads(data)["content"]
+    reply = json.loads(data)
+    return seconds, reply["content"], reply.get("timings", {})
 
 
 def main() -> None:
@@ -91,6 +103,7 @@ def main() -> None:
                                       str(port), *common, *more], port)
     try:
         totals = {kind: {name: 0.0 for name in servers} for kind in ("repetitive", "other")}
+        decode = {kind: {name: 0.0 for name in servers} for kind in totals}
         count = dict.fromkeys(totals, 0)
         mismatches = 0
         for r in range(args.repeats):
@@ -101,13 +114,13 @@ def main() -> None:
                     extra = [{"filename": other.replace(".", "/") + ".py",
                               "text": source(other)[:6000]}] if args.extra else []
                     for j, (prefix, suffix) in enumerate(cuts(text, args.cuts)):
-                        prefix, suffix = prefix[-6000:], suffix[:3000]
                         order = list(servers) if (r + f + j) % 2 == 0 else list(servers)[::-1]
                         got = {}
                         for s in order:
-                            seconds, content = infill(servers[s].port, prefix, suffix, extra,
-                                                      args.n)
+                            seconds, content, timed = infill(servers[s].port, prefix, suffix,
+                                                             extra, args.n)
                             totals[kind][s] += seconds
+                            decode[kind][s] += timed.get("predicted_ms", 0.0) / 1000
                             got[s] = content
                         count[kind] += 1
                         if got["plain"] != got["default"]:
@@ -115,8 +128,11 @@ def main() -> None:
                             print(f"MISMATCH {name} cut {j}: {got['plain']!r} / "
                                   f"{got['default']!r}", file=sys.stderr)
         for kind, t in totals.items():
+            d = decode[kind]
             print(f"{kind}: {count[kind]} requests, plain {t['plain'] / count[kind]:.2f} s a "
-                  f"request, default {t['plain'] / t['default']:.2f}x plain")
+                  f"request ({d['plain'] / count[kind]:.2f} s decoding), default "
+                  f"{t['plain'] / t['default']:.2f}x plain in all, "
+                  f"{d['plain'] / d['default']:.2f}x decoding")
         print(f"-n {args.n}, {args.cuts} cuts a file, {args.repeats} repeats, "
               f"input_extra {'on' if args.extra else 'off'}; answers that differ: {mismatches}")
         sys.exit(1 if mismatches else 0)

@@ -62,14 +62,16 @@ class Answer:
     text: str
 
 
-def ask(port: int, prompt: str, n: int) -> Answer:
-    """One streamed completion on OpenAI's completions route: greedy, ``n`` tokens."""
-    body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+def ask(port: int, prompt, n: int) -> Answer:
+    """One streamed answer, greedy, at most ``n`` tokens: a text ``prompt`` on OpenAI's
+    completions route, a list of messages on its chat route (the model's chat template)."""
+    chat = not isinstance(prompt, str)
+    body = {"messages" if chat else "prompt": prompt, "max_tokens": n, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    conn.request("POST", "/v1/completions", body=json.dumps(body),
-                 headers={"Content-Type": "application/json"})
+    conn.request("POST", "/v1/chat/completions" if chat else "/v1/completions",
+                 body=json.dumps(body), headers={"Content-Type": "application/json"})
     resp = conn.getresponse()
     if resp.status != 200:
         sys.exit(f"port {port}: {resp.status} {resp.read()[:300]!r}")
@@ -78,10 +80,12 @@ def ask(port: int, prompt: str, n: int) -> Answer:
         if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
             continue
         event = json.loads(line[6:])
-        if event.get("choices") and event["choices"][0].get("text"):
+        choice = (event.get("choices") or [{}])[0]
+        piece = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+        if piece:
             if first is None:
                 first = time.perf_counter() - t0
-            text.append(event["choices"][0]["text"])
+            text.append(piece)
         if event.get("usage"):
             tokens = event["usage"]["completion_tokens"]
     conn.close()
@@ -95,7 +99,7 @@ class Batch:
     answers: list
 
 
-def at_once(port: int, prompts: list[str], n: int) -> Batch:
+def at_once(port: int, prompts: list, n: int) -> Batch:
     """Every prompt sent at the same moment, each by its own client."""
     out: list = [None] * len(prompts)
     threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, ask(port, prompts[i], n)))
@@ -109,7 +113,7 @@ def at_once(port: int, prompts: list[str], n: int) -> Batch:
     return Batch(sum(a.tokens for a in out) / wall, max(a.first for a in out), out)
 
 
-def one_after_another(port: int, prompts: list[str], n: int) -> Batch:
+def one_after_another(port: int, prompts: list, n: int) -> Batch:
     """The same prompts asked in turn by one client (a first token counted from the start
     of its own request)."""
     t0 = time.perf_counter()
