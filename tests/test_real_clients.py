@@ -242,10 +242,10 @@ def test_each_model_gets_its_trained_context_as_memory_allows_and_says_so(server
     assert "context: 8192 tokens for each of 4 generation(s) at once, up to 8 while their " \
         "prompts and max_tokens fit (the context it was trained with" in server.log()
     said = re.search(r"memory: about ([\d.]+) GB \(files ([\d.]+) GB, KV cache ([\d.]+) GB "
-                     r"a lane x 8 lane\(s\)\)", server.log())
-    assert said, server.log()[-2000:]         # each lane's memory, said at start
-    total, files, lane = map(float, said.groups())
-    assert abs(total - (files + 8 * lane)) <= 0.02 and lane > 0
+                     r"a context x 4\)", server.log())
+    assert said, server.log()[-2000:]         # the memory of each context, said at start
+    total, files, each = map(float, said.groups())
+    assert abs(total - (files + 4 * each)) <= 0.02 and each > 0
     [smol] = [m for m in ol.ps().models if m.model.startswith(SMOL)]
     assert smol.context_length == 8192
     assert ol.show(SMOL).modelinfo["llama.context_length"] == 8192

@@ -263,14 +263,15 @@ def first_context(args, name: str, budget: dict) -> tuple[int, str]:
                                       budget["parallel"]))
 
 
-def memory_line(entry, n_ctx: int, lanes: int, max_ram) -> str:
-    """What the model the server starts with takes, said at start: its files and each lane's
-    KV cache (the estimate --max-ram is held to)."""
+def memory_line(entry, n_ctx: int, parallel: int, max_ram) -> str:
+    """What the model the server starts with takes, said at start: its files and the KV cache
+    of each of its ``parallel`` contexts (the estimate --max-ram is held to; the lanes share
+    those cells)."""
     from .slots import gb
-    lane = entry.kv_bytes_per_token * n_ctx
+    each = entry.kv_bytes_per_token * n_ctx
     within = f", within --max-ram {gb(max_ram)}" if max_ram else ""
-    return (f"memory: about {gb(entry.memory(n_ctx * lanes))} (files {gb(entry.size)}, "
-            f"KV cache {gb(lane)} a lane x {lanes} lane(s)){within}")
+    return (f"memory: about {gb(entry.memory(n_ctx * parallel))} (files {gb(entry.size)}, "
+            f"KV cache {gb(each)} a context x {parallel}){within}")
 
 
 def cmd_serve(args) -> int:
@@ -326,7 +327,7 @@ def cmd_serve(args) -> int:
                       if args.streams > args.parallel else "")
             status(f"context: {engine.n_ctx} tokens for each of {args.parallel} "
                    f"generation(s) at once{beyond} ({why}){more}")
-            status(memory_line(first, engine.n_ctx, args.streams, budget["max_ram"]))
+            status(memory_line(first, engine.n_ctx, args.parallel, budget["max_ram"]))
             uvicorn.Server(config).run(sockets=[sock])
     finally:
         sock.close()
