@@ -1,5 +1,5 @@
-"""What the HTTP APIs' request parsers share (OpenAI's, :mod:`.protocol`; Ollama's,
-:mod:`.ollama_request`): the error every refusal raises, the checks of a JSON value, and
+"""What the HTTP APIs' request parsers share (OpenAI's, :mod:`.openai.request`; Ollama's,
+:mod:`.ollama.request`): the error every refusal raises, the checks of a JSON value, and
 :class:`APIRequest`, what a parsed body becomes. Plain Python, no HTTP stack.
 
 :class:`APIError` carries the HTTP status and OpenAI's error shape ``{"error": {"message",

@@ -1,18 +1,18 @@
-"""Ollama's request bodies → the generation they ask for (its replies: :mod:`.ollama_replies`).
+"""Ollama's request bodies → the generation they ask for (its replies: :mod:`.replies`).
 
-Plain Python, no HTTP stack. It mirrors :mod:`.protocol` (OpenAI's): every ``/api/chat`` and
-``/api/generate`` body becomes an :class:`OllamaRequest` holding an :class:`~.wire.APIRequest`
+Plain Python, no HTTP stack. It mirrors :mod:`..openai.request` (OpenAI's): every ``/api/chat`` and
+``/api/generate`` body becomes an :class:`OllamaRequest` holding an :class:`~..wire.APIRequest`
 (and in it the core :class:`~edgespec.engine.request.GenerationRequest`), or raises
-:class:`~.wire.APIError` (400), which the app answers in Ollama's ``{"error": message}``.
+:class:`~..wire.APIError` (400), which the app answers in Ollama's ``{"error": message}``.
 Messages reuse the engine's wording (:class:`~edgespec.errors.InvalidParameterError`):
 ``options.temperature=-1 is invalid: options.temperature must be …``.
 
 Requests follow Ollama's API (docs/api.md, api/types.go): ``stream`` defaults to true;
-``format`` is ``"json"`` or a JSON schema; ``options`` are read by :mod:`.ollama_options`.
+``format`` is ``"json"`` or a JSON schema; ``options`` are read by :mod:`.options`.
 Tool calls travel in Ollama's shape (arguments as an object) and are converted to
 OpenAI's, which the engine reads. ``think`` turns a thinking model's reasoning on or off
 (:mod:`edgespec.thinking`); ``options.num_ctx`` is the context the model must be loaded with
-(:mod:`.contexts`). ``truncate`` and ``shift`` are accepted and ignored: edgespec never cuts
+(:mod:`..contexts`). ``truncate`` and ``shift`` are accepted and ignored: edgespec never cuts
 the history (a prompt over the context is a 400) and stops at the context edge
 (``done_reason`` ``"length"``). ``suffix`` fills in the middle (the prompt is the text before
 the gap, sent in the model's fill-in-the-middle tokens; a model without them is a 400). Images,
@@ -28,15 +28,15 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..chat_template import new_call_id
-from ..constraints import Constraint
-from ..errors import ConstraintError
-from ..engine.request import GenerationRequest
-from ..thinking import LEVELS
-from ..tools import Tool, parse_tools
-from .ollama_options import parse_options
-from .wire import (APIError, APIRequest, as_float, check_size, checked, get_field, invalid,
-                   is_number, refuse_unknown, unsupported)
+from ...chat_template import new_call_id
+from ...constraints import Constraint
+from ...errors import ConstraintError
+from ...engine.request import GenerationRequest
+from ...thinking import LEVELS
+from ...tools import Tool, parse_tools
+from .options import parse_options
+from ..wire import (APIError, APIRequest, as_float, check_size, checked, get_field, invalid,
+                    is_number, refuse_unknown, unsupported)
 
 FOREVER = -1.0                 # keep_alive: a negative number of seconds keeps the model loaded
 MAX_TOP_LOGPROBS = 20          # Ollama's bound

@@ -3,7 +3,7 @@
 Plain Python. ``options`` carry the sampling settings edgespec has (``temperature``,
 ``top_k``, ``top_p``, ``min_p``, ``repeat_penalty``, ``repeat_last_n``, ``presence_penalty``,
 ``frequency_penalty``, ``seed``, ``stop``, ``num_predict``) and ``num_ctx``, the context the
-model must be loaded with (:mod:`.contexts`); options that only place or load the model
+model must be loaded with (:mod:`..contexts`); options that only place or load the model
 (``num_thread``, ``num_gpu``, ``use_mmap`` …) are accepted and ignored; samplers edgespec
 does not have (Mirostat, typical-p, tail-free) are refused unless they are set to their
 neutral value; any other option is refused as unknown. Sampling settings a request leaves
@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ..config import TEMPERATURE_MAX, SamplingParams
-from ..engine.request import check_stop
-from .wire import checked, core_check, invalid, refuse_unknown, sampling_params, unsupported
+from ...config import TEMPERATURE_MAX, SamplingParams
+from ...engine.request import check_stop
+from ..wire import checked, core_check, invalid, refuse_unknown, sampling_params, unsupported
 
 MAX_STOP_STRINGS = 16          # Ollama sets no bound; Modelfiles carry a handful
 

@@ -9,7 +9,7 @@ import time
 import uuid
 from typing import Optional
 
-from ..chat_template import ChatTemplate
+from ...chat_template import ChatTemplate
 
 
 class Reply:

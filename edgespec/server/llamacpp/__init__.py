@@ -1,0 +1,2 @@
+"""llama-server's ``/infill`` (editors' autocomplete): its request bodies (``request``), its
+replies (``replies``) and its route (``routes``), over the server's shared modules."""

@@ -1,0 +1,2 @@
+"""OpenAI's API: its request bodies (``request``), its replies (``replies``) and its routes
+(``routes``), over the server's shared modules."""
