@@ -16,7 +16,7 @@ import uuid
 from typing import Callable, Optional, Sequence
 
 from ...results import Generation
-from ..openai.replies import speculation
+from ..reply_fields import speculation
 from ..wire import APIError
 
 # HTTP status -> Anthropic's error type (any other 5xx: api_error)

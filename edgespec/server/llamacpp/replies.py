@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 from ...results import Generation, StreamEvent
 from .request import InfillRequest
-from ..openai.replies import speculation
+from ..reply_fields import speculation
 
 INDENT = " \t"
 

@@ -24,7 +24,7 @@ from ..generation import GenerationPath, Timing
 from .request import parse_chat, parse_completion
 from .replies import Reply, token_event
 from ..models_info import contexts, template_label, thinks, where
-from ..ollama.replies import rfc3339
+from ..reply_fields import rfc3339
 from ..wire import APIError, APIRequest, asked
 
 
