@@ -19,11 +19,12 @@ from ollama._types import (ChatRequest, ChatResponse, GenerateRequest, GenerateR
 from edgespec import __version__
 from edgespec.config import SamplingParams
 from edgespec.results import Generation, GenerationStats, TokenLogprob
+from edgespec.server.keep_alive import FOREVER, parse_keep_alive
 from edgespec.server.ollama.replies import (OLLAMA_VERSION, OllamaReply, calls_to_ollama,
-                                            ollama_error_body, ps_body, rfc3339, show_body,
-                                            tagged_name, tags_body, version_body)
-from edgespec.server.ollama.request import (FOREVER, calls_to_openai, parse_keep_alive,
-                                            parse_ollama_chat, parse_ollama_generate)
+                                            ollama_error_body, ps_body, show_body, tagged_name,
+                                            tags_body, version_body)
+from edgespec.server.ollama.request import calls_to_openai, parse_ollama_chat, parse_ollama_generate
+from edgespec.server.reply_fields import rfc3339
 from edgespec.server.wire import APIError
 from edgespec.speculative import LoopStats
 from edgespec.tools import ToolCall

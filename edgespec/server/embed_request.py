@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-from .ollama.request import parse_keep_alive
+from .keep_alive import parse_keep_alive
 from .wire import APIError, checked, get_field, invalid, refuse_unknown
 
 MAX_INPUTS = 2048

@@ -23,8 +23,6 @@ top-level field is refused as unknown, so that a typo is not silently ignored.
 from __future__ import annotations
 
 import json
-import math
-import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -35,10 +33,10 @@ from ...engine.request import GenerationRequest
 from ...thinking import LEVELS
 from ...tools import Tool, parse_tools
 from .options import parse_options
-from ..wire import (APIError, APIRequest, as_float, check_size, checked, get_field, invalid,
-                    is_number, refuse_unknown, unsupported)
+from ..keep_alive import parse_keep_alive
+from ..wire import (APIError, APIRequest, check_size, checked, get_field, invalid,
+                    refuse_unknown, unsupported)
 
-FOREVER = -1.0                 # keep_alive: a negative number of seconds keeps the model loaded
 MAX_TOP_LOGPROBS = 20          # Ollama's bound
 ROLES = ("system", "user", "assistant", "tool")
 THINK_LEVELS = LEVELS
@@ -57,8 +55,8 @@ class OllamaRequest:
     ``gen`` is the generation, with its kind ("chat", or "completion" for a raw prompt) and
     whether to stream (None for a load request: no messages, or an empty prompt);
     ``keep_alive`` is in seconds (None: not given; 0: unload after the request; negative,
-    :data:`FOREVER`: keep loaded); ``num_ctx``: the context size the request asked for (None:
-    not given), which a load request (no ``gen``) loads the model with too."""
+    :data:`~..keep_alive.FOREVER`: keep loaded); ``num_ctx``: the context size the request
+    asked for (None: not given), which a load request (no ``gen``) loads the model with too."""
 
     model: str
     gen: Optional[APIRequest]
@@ -69,37 +67,6 @@ class OllamaRequest:
 
 # ---------------------------------------------------------------------------------------------
 # Reading fields
-
-
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0,
-                 "m": 60.0, "h": 3600.0}
-
-
-def parse_keep_alive(value: Any) -> Optional[float]:
-    """Ollama's ``keep_alive`` in seconds: a number of seconds, or a Go duration such as
-    ``"5m"``, ``"1h30m"`` or ``"-1m"`` (a bare number in a string counts as seconds). None
-    when not given; a negative value keeps the model loaded (:data:`FOREVER`)."""
-    if value is None:
-        return None
-    valid = "a number of seconds or a duration such as '5m' (negative: keep the model loaded)"
-    if is_number(value) and not math.isnan(as_float(value)):
-        seconds = as_float(value)
-    elif isinstance(value, str) and value.strip():
-        text = value.strip()
-        try:
-            seconds = float(text)
-        except ValueError:
-            sign, rest = (-1.0, text[1:]) if text[0] == "-" else (1.0, text.lstrip("+"))
-            parts = list(_DURATION_PART.finditer(rest))
-            if not parts or "".join(p.group(0) for p in parts) != rest:
-                raise invalid("keep_alive", value, valid) from None
-            seconds = sign * sum(float(p.group(1)) * _UNIT_SECONDS[p.group(2)] for p in parts)
-        if math.isnan(seconds):
-            raise invalid("keep_alive", value, valid)
-    else:
-        raise invalid("keep_alive", value, valid, code="invalid_type")
-    return FOREVER if seconds < 0 or math.isinf(seconds) else seconds
 
 
 def _think(body: dict) -> Any:
