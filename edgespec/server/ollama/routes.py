@@ -1,6 +1,6 @@
 """Ollama's endpoints: ``/api/chat``, ``/api/generate``, ``/api/tags``, ``/api/show``,
 ``/api/ps`` and ``/api/version``, over the shared generation path (:mod:`..generation`;
-its embeddings: :mod:`..embeddings`);
+its embeddings: :mod:`.embeddings`);
 bodies are parsed by :mod:`.request` and replies built by :mod:`.replies`.
 
 Streams are Ollama's newline-delimited JSON (:class:`OllamaFraming`): an object per piece of

@@ -1,2 +1,2 @@
-"""OpenAI's API: its request bodies (``request``), its replies (``replies``) and its routes
-(``routes``), over the server's shared modules."""
+"""OpenAI's API: its request bodies (``request``), its replies (``replies``), its routes
+(``routes``) and its embeddings (``embeddings``), over the server's shared modules."""

@@ -1,6 +1,6 @@
 """OpenAI's endpoints: ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models``, over
-the shared generation path (:mod:`..generation`); bodies are parsed by :mod:`.request` and
-replies built by :mod:`.replies`.
+the shared generation path (:mod:`..generation`; its embeddings: :mod:`.embeddings`); bodies
+are parsed by :mod:`.request` and replies built by :mod:`.replies`.
 
 Streams are server-sent events framed as OpenAI's (:class:`OpenAIFraming`): one id; the role
 in the first delta only; finish_reason in the last chunk; the usage chunk if asked;
