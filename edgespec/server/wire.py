@@ -63,7 +63,7 @@ class APIRequest:
         return bool(self.generation.tools) and self.generation.tool_choice != "none"
 
 
-# What each sampling field is, in every API that has it.
+# What each sampling field is, in every API that has it (Ollama's options included).
 SAMPLING_KINDS = {"temperature": "number", "top_k": "int", "top_p": "number", "min_p": "number",
                   "repeat_penalty": "number", "repeat_last_n": "int",
                   "presence_penalty": "number", "frequency_penalty": "number", "seed": "int"}
