@@ -14,9 +14,9 @@ from json_paths import mutations
 
 from edgespec.constraints import Constraint
 from edgespec.results import Generation, GenerationStats
-from edgespec.server.anthropic import AnthropicFraming
-from edgespec.server.anthropic_replies import MessageReply, anthropic_error, matched_stop
-from edgespec.server.anthropic_request import parse_count, parse_messages
+from edgespec.server.anthropic.routes import AnthropicFraming
+from edgespec.server.anthropic.replies import MessageReply, anthropic_error, matched_stop
+from edgespec.server.anthropic.request import parse_count, parse_messages
 from edgespec.server.wire import APIError
 from edgespec.tools import ToolCall
 

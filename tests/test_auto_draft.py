@@ -258,7 +258,7 @@ def test_the_records_validity(tmp_path):
 
 
 def test_the_server_says_it_in_api_ps_and_api_show(tmp_path):
-    from edgespec.server.ollama_replies import ps_body, show_body
+    from edgespec.server.ollama.replies import ps_body, show_body
     choice = DraftChoice(tmp_path / "t.gguf", tmp_path / "d.gguf", "d", "same tokenizer; …",
                          1.4).describe()
     entry = SimpleNamespace(name="t", target=tmp_path / "t.gguf", draft=tmp_path / "d.gguf",

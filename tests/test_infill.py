@@ -1,4 +1,4 @@
-"""llama-server's ``POST /infill`` (edgespec/server/llamacpp*.py), what editors' autocomplete
+"""llama-server's ``POST /infill`` (edgespec/server/llamacpp/), what editors' autocomplete
 plugins call: the prompt's format and its cut on a stand-in tokenizer, the body's checks and
 where an answer ends, with no model; then a real `edgespec serve` of Qwen2.5-Coder-0.5B (it
 has fill-in-the-middle and repo-level tokens) over real HTTP: the reply's shape, lossless
@@ -21,8 +21,8 @@ from edgespec.engine.request import GenerationRequest
 from edgespec.errors import InvalidParameterError
 from edgespec.lm import VocabInfo
 from edgespec.results import StreamEvent
-from edgespec.server.llamacpp_replies import Cutoff, project
-from edgespec.server.llamacpp_request import parse_infill
+from edgespec.server.llamacpp.replies import Cutoff, project
+from edgespec.server.llamacpp.request import parse_infill
 from edgespec.server.wire import APIError
 
 from server_helpers import ServerProcess, health, request, sse, stop_checked, wait_until
@@ -187,9 +187,9 @@ def test_response_fields_keep_paths_as_keys():
 
 def test_the_llama_server_modules_stand_apart_from_the_other_apis():
     server = Path(__file__).resolve().parent.parent / "edgespec" / "server"
-    for name in ("llamacpp.py", "llamacpp_request.py", "llamacpp_replies.py"):
-        text = (server / name).read_text()
-        assert "from .ollama" not in text and "from .anthropic" not in text, name
+    for name in ("routes.py", "request.py", "replies.py"):
+        text = (server / "llamacpp" / name).read_text()
+        assert "from ..ollama" not in text and "from ..anthropic" not in text, name
         assert len(text.splitlines()) <= 400
 
 

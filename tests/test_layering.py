@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -237,6 +238,52 @@ def test_the_runtime_has_its_own_package():
             "stream_model", "streams", "threads"} <= runtime
     flat = [p for p in PKG.glob("*.py")]
     assert len(flat) <= 26, f"{len(flat)} modules lie flat in edgespec/"
+
+
+
+# The server's APIs, a package each under server/: an API's modules import their own package
+# and the shared modules of server/, never another API's; only the app, which mounts every
+# API's routes, imports them (docs/architecture.md).
+SERVER_APIS = ("openai", "ollama", "anthropic", "llamacpp")
+SERVER_ASSEMBLY = "edgespec.server.app"
+
+
+def api_of(module: str) -> Optional[str]:
+    """The API whose package holds ``module`` (None: not in one)."""
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["edgespec", "server"] and len(parts) > 2 \
+        and parts[2] in SERVER_APIS else None
+
+
+def api_crossings(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """The (importer, imported) edges of ``graph`` into an API's package from outside it,
+    the app's excepted."""
+    return sorted((a, b) for a, targets in graph.items() for b in targets
+                  if api_of(b) is not None and api_of(b) != api_of(a) and a != SERVER_ASSEMBLY)
+
+
+def test_each_server_api_imports_no_other():
+    graph = edges()
+    for api in SERVER_APIS:     # not vacuous: each API is a package the app mounts
+        modules = {m for m in MODULES if api_of(m) == api}
+        assert {f"edgespec.server.{api}.{m}" for m in ("request", "replies", "routes")} <= modules
+        assert any(api_of(b) == api for b in graph[SERVER_ASSEMBLY]), f"app.py mounts no {api}"
+        assert any(b.startswith("edgespec.server.") and api_of(b) is None
+                   for m in modules for b in graph[m]), f"{api} imports no shared module"
+    assert not api_crossings(graph), f"imports across the server's APIs: {api_crossings(graph)}"
+
+
+def test_api_crossings_are_caught():
+    """The rule finds a planted import from one API into another, and from a shared module
+    into an API, but not the app's nor an API's own."""
+    graph = {m: set(t) for m, t in edges().items()}
+    planted = [("edgespec.server.openai.routes", "edgespec.server.ollama.replies"),
+               ("edgespec.server.llamacpp.replies", "edgespec.server.openai"),
+               ("edgespec.server.generation", "edgespec.server.anthropic.request")]
+    for a, b in planted:
+        graph[a].add(b)
+    graph["edgespec.server.ollama.routes"].add("edgespec.server.ollama.options")
+    assert api_crossings(graph) == sorted(planted)
 
 
 # A module a reader can hold in mind at once (docs/architecture.md).

@@ -1,4 +1,4 @@
-"""Ollama's wire format as plain Python (edgespec/server/ollama.py): request bodies parsed into
+"""Ollama's wire format as plain Python (edgespec/server/ollama/): request bodies parsed into
 generation settings or refused with one-line 400s, and reply bodies read back with the official
 `ollama` client's own types, so the shapes are the ones the client reads. No server, no model."""
 
@@ -19,11 +19,12 @@ from ollama._types import (ChatRequest, ChatResponse, GenerateRequest, GenerateR
 from edgespec import __version__
 from edgespec.config import SamplingParams
 from edgespec.results import Generation, GenerationStats, TokenLogprob
-from edgespec.server.ollama_replies import (OLLAMA_VERSION, OllamaReply, calls_to_ollama,
-                                            ollama_error_body, ps_body, rfc3339, show_body,
-                                            tagged_name, tags_body, version_body)
-from edgespec.server.ollama_request import (FOREVER, calls_to_openai, parse_keep_alive,
-                                            parse_ollama_chat, parse_ollama_generate)
+from edgespec.server.keep_alive import FOREVER, parse_keep_alive
+from edgespec.server.ollama.replies import (OLLAMA_VERSION, OllamaReply, calls_to_ollama,
+                                            ollama_error_body, ps_body, show_body, tagged_name,
+                                            tags_body, version_body)
+from edgespec.server.ollama.request import calls_to_openai, parse_ollama_chat, parse_ollama_generate
+from edgespec.server.reply_fields import rfc3339
 from edgespec.server.wire import APIError
 from edgespec.speculative import LoopStats
 from edgespec.tools import ToolCall

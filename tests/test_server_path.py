@@ -16,8 +16,8 @@ from edgespec.server.app import create_app
 from edgespec.server.generation import api_error
 from edgespec.catalogue import CatalogEntry
 from edgespec.server.models import ModelManager
-from edgespec.server.ollama_request import parse_ollama_generate
-from edgespec.server.protocol import parse_chat, parse_completion
+from edgespec.server.ollama.request import parse_ollama_generate
+from edgespec.server.openai.request import parse_chat, parse_completion
 from edgespec.server.wire import APIError
 
 HI = [{"role": "user", "content": "hi"}]

@@ -5,15 +5,16 @@ uvicorn).
 Every request that generates names a model (``model``); the :class:`~.models.ModelManager`
 loads it on first use (its registered draft with it), unloads idle ones when its budget says
 so, and refuses a name that is not on disk with a 404 that names ``edgespec pull``: no request
-is answered by another model than it named (``--model-alias`` maps names explicitly). The
-APIs go the same way: their routes (:mod:`.openai`, :mod:`.ollama`, :mod:`.anthropic`,
-:mod:`.llamacpp`) check the body (:mod:`.protocol`, :mod:`.ollama_request`,
-:mod:`.anthropic_request`, :mod:`.llamacpp_request`), and one path (:mod:`.generation`)
-leases the model, queues the generation on its Engine, frames the answer in the API's
-:class:`~.framing.Framing` (OpenAI's server-sent events, Ollama's NDJSON, Anthropic's named
-events, llama-server's events) and counts the figures (:mod:`.metrics`, with ``--metrics``).
-Embeddings (``/api/embed``, ``/api/embeddings``, ``/v1/embeddings``: :mod:`.embeddings`)
-lease models the same way. This module wires the routes, the guards and the error handlers.
+is answered by another model than it named (``--model-alias`` maps names explicitly). The APIs
+go the same way: their routes (:mod:`.openai.routes`, :mod:`.ollama.routes`,
+:mod:`.anthropic.routes`, :mod:`.llamacpp.routes`) check the body (:mod:`.openai.request`,
+:mod:`.ollama.request`, :mod:`.anthropic.request`, :mod:`.llamacpp.request`), and one path
+(:mod:`.generation`) leases the model, queues the generation on its Engine, frames the answer
+in the API's :class:`~.framing.Framing` (OpenAI's server-sent events, Ollama's NDJSON,
+Anthropic's named events, llama-server's events) and counts the figures (:mod:`.metrics`, with
+``--metrics``). Embeddings (``/api/embed``, ``/api/embeddings``: :mod:`.ollama.embeddings`;
+``/v1/embeddings``: :mod:`.openai.embeddings`) lease models the same way (:mod:`.embeddings`).
+This module wires the routes, the guards and the error handlers.
 
 Requests queue for an Engine (first come, first served; one generation at a time) while the
 event loop stays free: each generation runs in a thread of its own
@@ -61,17 +62,18 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from . import page
-from .anthropic import AnthropicRoutes, is_anthropic
-from .anthropic_replies import anthropic_error
-from .embeddings import EmbeddingRoutes
+from .anthropic.routes import AnthropicRoutes, is_anthropic
+from .anthropic.replies import anthropic_error
 from .generation import INDEX_KEY, GenerationPath
-from .llamacpp import LlamaCppRoutes
+from .llamacpp.routes import LlamaCppRoutes
 from ..catalogue import entry_for
 from .models import ModelManager
-from .ollama import OllamaRoutes
-from .ollama_models import OllamaModelRoutes
-from .ollama_replies import ollama_error_body
-from .openai import OpenAIRoutes
+from .ollama.embeddings import OllamaEmbeddingRoutes
+from .ollama.routes import OllamaRoutes
+from .ollama.model_routes import OllamaModelRoutes
+from .ollama.replies import ollama_error_body
+from .openai.embeddings import OpenAIEmbeddingRoutes
+from .openai.routes import OpenAIRoutes
 from .origins import Origins, same_origin
 from .wire import APIError
 
@@ -340,7 +342,8 @@ def create_app(engine=None, *, model_id: Optional[str] = None,
         *AnthropicRoutes(path, max_body).routes(),
         *LlamaCppRoutes(path, max_body).routes(),
         *OllamaModelRoutes(path, max_body).routes(),
-        *EmbeddingRoutes(path, max_body).routes(),
+        *OllamaEmbeddingRoutes(path, max_body).routes(),
+        *OpenAIEmbeddingRoutes(path, max_body).routes(),
     ]
     if metrics is not None:
         routes.append(Route("/metrics", metrics_endpoint(metrics), methods=["GET"]))

@@ -161,7 +161,7 @@ def parse_aliases(pairs: list[str]) -> dict[str, str]:
 
 def manager_options(args) -> dict:
     """The ModelManager's budget and keep-alive from the options (one-line errors)."""
-    from .ollama_request import parse_keep_alive
+    from .keep_alive import parse_keep_alive
     from .wire import APIError
     if args.max_loaded < 1:
         raise UsageError(f"--max-loaded {args.max_loaded}: at least 1 model must fit")

@@ -1,7 +1,7 @@
 """How one API frames its replies to a generation: the interface the shared generation path
 (:mod:`.generation`) calls, implemented once per API (OpenAI's server-sent events in
-:mod:`.openai`, Ollama's NDJSON in :mod:`.ollama`, llama-server's events in
-:mod:`.llamacpp`).
+:mod:`.openai.routes`, Ollama's NDJSON in :mod:`.ollama.routes`, llama-server's events in
+:mod:`.llamacpp.routes`).
 
 A streamed reply is the frames of :meth:`Framing.opening`, a frame per stream event (or none:
 :meth:`Framing.event`) until the generation ends or the framing has all it needs

@@ -1,6 +1,6 @@
 """What Ollama's model endpoints change on disk: pulls (``/api/pull``) run in a worker thread
 with their progress as Ollama's status objects, and deletions (``/api/delete``). No HTTP
-stack: the routes are :mod:`.ollama_models`.
+stack: the routes are :mod:`.ollama.model_routes`.
 
 A name to pull is what ``edgespec pull`` takes: a registry pair or model (Ollama's
 ``name:latest`` is ``name``), or a hub file ``REPO_ID/FILENAME[@REVISION]``. It is fetched the

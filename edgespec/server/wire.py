@@ -1,5 +1,5 @@
-"""What the HTTP APIs' request parsers share (OpenAI's, :mod:`.protocol`; Ollama's,
-:mod:`.ollama_request`): the error every refusal raises, the checks of a JSON value, and
+"""What the HTTP APIs' request parsers share (OpenAI's, :mod:`.openai.request`; Ollama's,
+:mod:`.ollama.request`): the error every refusal raises, the checks of a JSON value, and
 :class:`APIRequest`, what a parsed body becomes. Plain Python, no HTTP stack.
 
 :class:`APIError` carries the HTTP status and OpenAI's error shape ``{"error": {"message",
@@ -63,7 +63,7 @@ class APIRequest:
         return bool(self.generation.tools) and self.generation.tool_choice != "none"
 
 
-# What each sampling field is, in every API that has it.
+# What each sampling field is, in every API that has it (Ollama's options included).
 SAMPLING_KINDS = {"temperature": "number", "top_k": "int", "top_p": "number", "min_p": "number",
                   "repeat_penalty": "number", "repeat_last_n": "int",
                   "presence_penalty": "number", "frequency_penalty": "number", "seed": "int"}

@@ -1,6 +1,6 @@
 """OpenAI's endpoints: ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models``, over
-the shared generation path (:mod:`.generation`); bodies are parsed by :mod:`.protocol` and
-replies built by :mod:`.replies`.
+the shared generation path (:mod:`..generation`; its embeddings: :mod:`.embeddings`); bodies
+are parsed by :mod:`.request` and replies built by :mod:`.replies`.
 
 Streams are server-sent events framed as OpenAI's (:class:`OpenAIFraming`): one id; the role
 in the first delta only; finish_reason in the last chunk; the usage chunk if asked;
@@ -17,15 +17,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..results import Generation, StreamEvent
-from .body import read_json
-from .framing import Framing
-from .generation import GenerationPath, Timing
-from .protocol import parse_chat, parse_completion
+from ...results import Generation, StreamEvent
+from ..body import read_json
+from ..framing import Framing
+from ..generation import GenerationPath, Timing
+from .request import parse_chat, parse_completion
 from .replies import Reply, token_event
-from .models_info import contexts, template_label, thinks, where
-from .ollama_replies import rfc3339
-from .wire import APIError, APIRequest, asked
+from ..models_info import contexts, template_label, thinks, where
+from ..reply_fields import rfc3339
+from ..wire import APIError, APIRequest, asked
 
 
 def sse(body: dict) -> bytes:
@@ -92,7 +92,7 @@ class OpenAIRoutes:
     def model_card(self, entry, anthropic: bool = False) -> dict:
         """A model as ``/v1/models`` lists it, with ``context_length`` (LM Studio's and
         Ollama's name; ``max_model_len``, vLLM's): the context it is loaded with, or would
-        be loaded with (:func:`~.models_info.contexts`). ``anthropic``: Anthropic's fields
+        be loaded with (:func:`~..models_info.contexts`). ``anthropic``: Anthropic's fields
         too (``type``, ``display_name``, ``created_at``), for its clients."""
         n_ctx, draft_ctx = contexts(self.path.manager, entry)
         engine = self.path.manager.engine_for(entry.name)

@@ -1,11 +1,11 @@
 """Anthropic's Messages API request bodies → the generation they ask for (its replies:
-:mod:`.anthropic_replies`).
+:mod:`.replies`).
 
-Plain Python, no HTTP stack. It mirrors :mod:`.protocol` (OpenAI's) and
-:mod:`.ollama_request`: every ``/v1/messages`` (and ``/v1/messages/count_tokens``) body
-becomes an :class:`~.wire.APIRequest` holding the core
-:class:`~edgespec.engine.request.GenerationRequest`, or raises :class:`~.wire.APIError` (400), which
-the app answers in Anthropic's error shape.
+Plain Python, no HTTP stack. It mirrors :mod:`..openai.request` (OpenAI's) and
+:mod:`..ollama.request`: every ``/v1/messages`` (and ``/v1/messages/count_tokens``) body
+becomes an :class:`~..wire.APIRequest` holding the core
+:class:`~edgespec.engine.request.GenerationRequest`, or raises :class:`~..wire.APIError`
+(400), which the app answers in Anthropic's error shape.
 
 Content travels as the engine reads it (OpenAI's messages): ``system`` becomes the system
 message; an assistant's ``text`` blocks its content and its ``tool_use`` blocks its
@@ -26,13 +26,13 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
-from ..config import SamplingParams
-from ..constraints import Constraint
-from ..errors import ConstraintError
-from ..engine.request import GenerationRequest, check_max_tokens, check_stop
-from ..tools import Tool, parse_tools
-from .wire import (APIError, APIRequest, check_size, checked, core_check, get_field, invalid,
-                   message_list, refuse_unknown, sampling_fields, sampling_params, unsupported)
+from ...config import SamplingParams
+from ...constraints import Constraint
+from ...errors import ConstraintError
+from ...engine.request import GenerationRequest, check_max_tokens, check_stop
+from ...tools import Tool, parse_tools
+from ..wire import (APIError, APIRequest, check_size, checked, core_check, get_field, invalid,
+                    message_list, refuse_unknown, sampling_fields, sampling_params, unsupported)
 
 TEMPERATURE_MAX = 1.0          # Anthropic's range
 MAX_STOP_SEQUENCES = 64        # Anthropic states no bound; each one is checked at every token

@@ -15,9 +15,9 @@ import json
 import uuid
 from typing import Callable, Optional, Sequence
 
-from ..results import Generation
-from .replies import speculation
-from .wire import APIError
+from ...results import Generation
+from ..reply_fields import speculation
+from ..wire import APIError
 
 # HTTP status -> Anthropic's error type (any other 5xx: api_error)
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",

@@ -1,6 +1,6 @@
 """llama-server's ``POST /infill``: code completion for editors' autocomplete plugins
-(llama.vscode, llama.vim), over the shared generation path (:mod:`.generation`); bodies are
-parsed by :mod:`.llamacpp_request` and replies built by :mod:`.llamacpp_replies`.
+(llama.vscode, llama.vim), over the shared generation path (:mod:`..generation`); bodies are
+parsed by :mod:`.request` and replies built by :mod:`.replies`.
 
 The prompt is llama.cpp's infill format (:meth:`~edgespec.engine.prompting.Prompter.infill`):
 the other files first (in the repo-level format where the model has its tokens), then the
@@ -23,13 +23,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..results import Generation, StreamEvent
-from .body import read_json
-from .framing import Framing
-from .generation import GenerationPath, Timing
-from .llamacpp_replies import Cutoff, InfillReply
-from .llamacpp_request import InfillRequest, parse_infill
-from .wire import APIError, asked
+from ...results import Generation, StreamEvent
+from ..body import read_json
+from ..framing import Framing
+from ..generation import GenerationPath, Timing
+from .replies import Cutoff, InfillReply
+from .request import InfillRequest, parse_infill
+from ..wire import APIError, asked
 
 
 def event_frame(name: str, body: dict) -> bytes:

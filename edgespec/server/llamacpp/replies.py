@@ -1,4 +1,4 @@
-"""llama-server's replies to ``/infill`` (its route: :mod:`.llamacpp`): the whole body, a
+"""llama-server's replies to ``/infill`` (its route: :mod:`.routes`): the whole body, a
 stream's chunks and its last one, and :class:`Cutoff`, where llama-server would have stopped
 the answer. Plain Python.
 
@@ -15,9 +15,9 @@ from __future__ import annotations
 import time
 from typing import Callable, Optional
 
-from ..results import Generation, StreamEvent
-from .llamacpp_request import InfillRequest
-from .replies import speculation
+from ...results import Generation, StreamEvent
+from .request import InfillRequest
+from ..reply_fields import speculation
 
 INDENT = " \t"
 

@@ -1,9 +1,10 @@
 """OpenAI's request bodies → the generation they ask for (its replies: :mod:`.replies`).
 
 Plain Python, no HTTP stack. Every request a client can send either becomes an
-:class:`~.wire.APIRequest` (holding the core :class:`~edgespec.engine.request.GenerationRequest`) or
-raises :class:`~.wire.APIError`, which carries the HTTP status and OpenAI's error shape;
-nothing in a body can turn into a 422 or a 500.
+:class:`~..wire.APIRequest` (holding the core
+:class:`~edgespec.engine.request.GenerationRequest`) or raises :class:`~..wire.APIError`, which
+carries the HTTP status and OpenAI's error shape; nothing in a body can turn into a 422 or a
+500.
 
 Fields follow OpenAI's chat completions and (legacy) completions APIs, plus llama.cpp's
 sampling extensions ``top_k``, ``min_p`` and ``repeat_penalty``: structured output
@@ -23,14 +24,14 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..config import SamplingParams
-from ..constraints import Constraint
-from ..errors import ConstraintError, InvalidParameterError
-from ..engine.request import GenerationRequest, check_max_tokens, check_stop
-from ..tools import Tool, parse_choice, parse_tools
-from .wire import (APIError, APIRequest, check_size, checked, core_check, invalid, is_int,
-                   message_list, num_ctx, refuse_unknown, sampling_fields,
-                   sampling_params, unsupported)
+from ...config import SamplingParams
+from ...constraints import Constraint
+from ...errors import ConstraintError, InvalidParameterError
+from ...engine.request import GenerationRequest, check_max_tokens, check_stop
+from ...tools import Tool, parse_choice, parse_tools
+from ..wire import (APIError, APIRequest, check_size, checked, core_check, invalid, is_int,
+                    message_list, num_ctx, refuse_unknown, sampling_fields,
+                    sampling_params, unsupported)
 
 TEMPERATURE_MAX = 2.0          # OpenAI's range; the engine itself allows more
 MAX_STOP_STRINGS = 4

@@ -1,7 +1,7 @@
 """Ollama's endpoints: ``/api/chat``, ``/api/generate``, ``/api/tags``, ``/api/show``,
-``/api/ps`` and ``/api/version``, over the shared generation path (:mod:`.generation`;
+``/api/ps`` and ``/api/version``, over the shared generation path (:mod:`..generation`;
 its embeddings: :mod:`.embeddings`);
-bodies are parsed by :mod:`.ollama_request` and replies built by :mod:`.ollama_replies`.
+bodies are parsed by :mod:`.request` and replies built by :mod:`.replies`.
 
 Streams are Ollama's newline-delimited JSON (:class:`OllamaFraming`): an object per piece of
 text, then the final one with the figures; a failure ends the stream with
@@ -20,16 +20,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..gguf_file import read_gguf
-from ..results import Generation, StreamEvent
-from .body import read_json
-from .framing import Framing
-from .generation import GenerationPath, Timing
-from .ollama_replies import (OllamaReply, ollama_error_body, ps_body, show_body, tags_body,
-                             version_body)
-from .ollama_request import OllamaRequest, parse_ollama_chat, parse_ollama_generate
-from .models_info import contexts, fills_middle, thinks
-from .wire import APIError, asked
+from ...gguf_file import read_gguf
+from ...results import Generation, StreamEvent
+from ..body import read_json
+from ..framing import Framing
+from ..generation import GenerationPath, Timing
+from .replies import (OllamaReply, ollama_error_body, ps_body, show_body, tags_body,
+                      version_body)
+from .request import OllamaRequest, parse_ollama_chat, parse_ollama_generate
+from ..models_info import contexts, fills_middle, thinks
+from ..wire import APIError, asked
 
 
 def ndjson(body: dict) -> bytes:
@@ -38,7 +38,7 @@ def ndjson(body: dict) -> bytes:
 
 class OllamaFraming(Framing):
     """One ``/api/chat`` or ``/api/generate`` reply in Ollama's shape
-    (:class:`~.ollama_replies.OllamaReply`); the final object's durations run from
+    (:class:`~.replies.OllamaReply`); the final object's durations run from
     ``timing``'s start, and include ``load_seconds`` spent loading the model."""
 
     media_type = "application/x-ndjson"

@@ -1,5 +1,5 @@
 """llama-server's ``/infill`` bodies → the generation they ask for (its route:
-:mod:`.llamacpp`; its replies: :mod:`.llamacpp_replies`).
+:mod:`.routes`; its replies: :mod:`.replies`).
 
 Plain Python, no HTTP stack. Fields as llama.cpp's server reads them, what code editors'
 autocomplete plugins (llama.vscode, llama.vim) send: ``input_prefix`` and ``input_suffix``
@@ -21,10 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..config import TEMPERATURE_MAX      # llama-server states no bound of its own
-from ..engine.request import GenerationRequest, check_stop
-from .wire import (APIError, APIRequest, check_size, checked, core_check, get_field, invalid,
-                   refuse_unknown, sampling_fields, sampling_params, unsupported)
+from ...config import TEMPERATURE_MAX      # llama-server states no bound of its own
+from ...engine.request import GenerationRequest, check_stop
+from ..wire import (APIError, APIRequest, check_size, checked, core_check, get_field, invalid,
+                    refuse_unknown, sampling_fields, sampling_params, unsupported)
 
 SAMPLING = ("temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty",
             "repeat_last_n", "presence_penalty", "frequency_penalty")
@@ -64,7 +64,7 @@ class InfillRequest:
 
 def parse_infill(body: Any, n_ctx: int) -> InfillRequest:
     """A ``POST /infill`` body, checked against the context ``n_ctx`` it will be served with
-    (an :class:`~.wire.APIError` for any mistake, the first one found)."""
+    (an :class:`~..wire.APIError` for any mistake, the first one found)."""
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object", code="invalid_json")
     refuse_unknown(body, USED | IGNORED | set(OFF))

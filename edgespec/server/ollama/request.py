@@ -1,18 +1,18 @@
-"""Ollama's request bodies → the generation they ask for (its replies: :mod:`.ollama_replies`).
+"""Ollama's request bodies → the generation they ask for (its replies: :mod:`.replies`).
 
-Plain Python, no HTTP stack. It mirrors :mod:`.protocol` (OpenAI's): every ``/api/chat`` and
-``/api/generate`` body becomes an :class:`OllamaRequest` holding an :class:`~.wire.APIRequest`
+Plain Python, no HTTP stack. It mirrors :mod:`..openai.request` (OpenAI's): every ``/api/chat`` and
+``/api/generate`` body becomes an :class:`OllamaRequest` holding an :class:`~..wire.APIRequest`
 (and in it the core :class:`~edgespec.engine.request.GenerationRequest`), or raises
-:class:`~.wire.APIError` (400), which the app answers in Ollama's ``{"error": message}``.
+:class:`~..wire.APIError` (400), which the app answers in Ollama's ``{"error": message}``.
 Messages reuse the engine's wording (:class:`~edgespec.errors.InvalidParameterError`):
 ``options.temperature=-1 is invalid: options.temperature must be …``.
 
 Requests follow Ollama's API (docs/api.md, api/types.go): ``stream`` defaults to true;
-``format`` is ``"json"`` or a JSON schema; ``options`` are read by :mod:`.ollama_options`.
+``format`` is ``"json"`` or a JSON schema; ``options`` are read by :mod:`.options`.
 Tool calls travel in Ollama's shape (arguments as an object) and are converted to
 OpenAI's, which the engine reads. ``think`` turns a thinking model's reasoning on or off
 (:mod:`edgespec.thinking`); ``options.num_ctx`` is the context the model must be loaded with
-(:mod:`.contexts`). ``truncate`` and ``shift`` are accepted and ignored: edgespec never cuts
+(:mod:`..contexts`). ``truncate`` and ``shift`` are accepted and ignored: edgespec never cuts
 the history (a prompt over the context is a 400) and stops at the context edge
 (``done_reason`` ``"length"``). ``suffix`` fills in the middle (the prompt is the text before
 the gap, sent in the model's fill-in-the-middle tokens; a model without them is a 400). Images,
@@ -23,22 +23,20 @@ top-level field is refused as unknown, so that a typo is not silently ignored.
 from __future__ import annotations
 
 import json
-import math
-import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..chat_template import new_call_id
-from ..constraints import Constraint
-from ..errors import ConstraintError
-from ..engine.request import GenerationRequest
-from ..thinking import LEVELS
-from ..tools import Tool, parse_tools
-from .ollama_options import parse_options
-from .wire import (APIError, APIRequest, as_float, check_size, checked, get_field, invalid,
-                   is_number, refuse_unknown, unsupported)
+from ...chat_template import new_call_id
+from ...constraints import Constraint
+from ...errors import ConstraintError
+from ...engine.request import GenerationRequest
+from ...thinking import LEVELS
+from ...tools import Tool, parse_tools
+from .options import parse_options
+from ..keep_alive import parse_keep_alive
+from ..wire import (APIError, APIRequest, check_size, checked, get_field, invalid,
+                    refuse_unknown, unsupported)
 
-FOREVER = -1.0                 # keep_alive: a negative number of seconds keeps the model loaded
 MAX_TOP_LOGPROBS = 20          # Ollama's bound
 ROLES = ("system", "user", "assistant", "tool")
 THINK_LEVELS = LEVELS
@@ -57,8 +55,8 @@ class OllamaRequest:
     ``gen`` is the generation, with its kind ("chat", or "completion" for a raw prompt) and
     whether to stream (None for a load request: no messages, or an empty prompt);
     ``keep_alive`` is in seconds (None: not given; 0: unload after the request; negative,
-    :data:`FOREVER`: keep loaded); ``num_ctx``: the context size the request asked for (None:
-    not given), which a load request (no ``gen``) loads the model with too."""
+    :data:`~..keep_alive.FOREVER`: keep loaded); ``num_ctx``: the context size the request
+    asked for (None: not given), which a load request (no ``gen``) loads the model with too."""
 
     model: str
     gen: Optional[APIRequest]
@@ -69,37 +67,6 @@ class OllamaRequest:
 
 # ---------------------------------------------------------------------------------------------
 # Reading fields
-
-
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0,
-                 "m": 60.0, "h": 3600.0}
-
-
-def parse_keep_alive(value: Any) -> Optional[float]:
-    """Ollama's ``keep_alive`` in seconds: a number of seconds, or a Go duration such as
-    ``"5m"``, ``"1h30m"`` or ``"-1m"`` (a bare number in a string counts as seconds). None
-    when not given; a negative value keeps the model loaded (:data:`FOREVER`)."""
-    if value is None:
-        return None
-    valid = "a number of seconds or a duration such as '5m' (negative: keep the model loaded)"
-    if is_number(value) and not math.isnan(as_float(value)):
-        seconds = as_float(value)
-    elif isinstance(value, str) and value.strip():
-        text = value.strip()
-        try:
-            seconds = float(text)
-        except ValueError:
-            sign, rest = (-1.0, text[1:]) if text[0] == "-" else (1.0, text.lstrip("+"))
-            parts = list(_DURATION_PART.finditer(rest))
-            if not parts or "".join(p.group(0) for p in parts) != rest:
-                raise invalid("keep_alive", value, valid) from None
-            seconds = sign * sum(float(p.group(1)) * _UNIT_SECONDS[p.group(2)] for p in parts)
-        if math.isnan(seconds):
-            raise invalid("keep_alive", value, valid)
-    else:
-        raise invalid("keep_alive", value, valid, code="invalid_type")
-    return FOREVER if seconds < 0 or math.isinf(seconds) else seconds
 
 
 def _think(body: dict) -> Any:

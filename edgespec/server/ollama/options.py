@@ -3,7 +3,7 @@
 Plain Python. ``options`` carry the sampling settings edgespec has (``temperature``,
 ``top_k``, ``top_p``, ``min_p``, ``repeat_penalty``, ``repeat_last_n``, ``presence_penalty``,
 ``frequency_penalty``, ``seed``, ``stop``, ``num_predict``) and ``num_ctx``, the context the
-model must be loaded with (:mod:`.contexts`); options that only place or load the model
+model must be loaded with (:mod:`..contexts`); options that only place or load the model
 (``num_thread``, ``num_gpu``, ``use_mmap`` …) are accepted and ignored; samplers edgespec
 does not have (Mirostat, typical-p, tail-free) are refused unless they are set to their
 neutral value; any other option is refused as unknown. Sampling settings a request leaves
@@ -15,16 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ..config import TEMPERATURE_MAX, SamplingParams
-from ..engine.request import check_stop
-from .wire import checked, core_check, invalid, refuse_unknown, sampling_params, unsupported
+from ...config import TEMPERATURE_MAX, SamplingParams
+from ...engine.request import check_stop
+from ..wire import (SAMPLING_KINDS, checked, core_check, invalid, refuse_unknown, sampling_params,
+                    unsupported)
 
 MAX_STOP_STRINGS = 16          # Ollama sets no bound; Modelfiles carry a handful
 
-# options: name -> the type it must have ("int", "number", "bool")
-_SAMPLING_OPTIONS = {"temperature": "number", "top_k": "int", "top_p": "number",
-                     "min_p": "number", "repeat_penalty": "number", "repeat_last_n": "int",
-                     "presence_penalty": "number", "frequency_penalty": "number", "seed": "int"}
 # where and how the model runs, or what only matters on a context shift: no effect on output
 _IGNORED_OPTIONS = {"num_keep": "int", "num_batch": "int", "num_gpu": "int", "main_gpu": "int",
                     "num_thread": "int", "use_mmap": "bool", "use_mlock": "bool",
@@ -37,7 +34,9 @@ _NEUTRAL_OPTIONS = {"mirostat": (0, "0 (edgespec has no Mirostat sampling)"),
                     "tfs_z": (1, "1 (edgespec has no tail-free sampling)")}
 _OTHER_OPTIONS = {"num_predict": "int", "num_ctx": "int", "stop": "list",
                   "penalize_newline": "bool"}
-_OPTION_TYPES = {**_SAMPLING_OPTIONS, **_IGNORED_OPTIONS, **_OTHER_OPTIONS,
+# options: name -> the type it must have ("int", "number", "bool"); the sampling settings have
+# the types every API gives them (SAMPLING_KINDS)
+_OPTION_TYPES = {**SAMPLING_KINDS, **_IGNORED_OPTIONS, **_OTHER_OPTIONS,
                  **{name: "number" for name in _NEUTRAL_OPTIONS}}
 
 
@@ -66,7 +65,7 @@ def parse_options(body: dict, n_ctx: int) -> Options:
     for name, (neutral, valid) in _NEUTRAL_OPTIONS.items():
         if name in values and values[name] != neutral:
             raise invalid(f"options.{name}", values[name], valid, code="unsupported_value")
-    sampling = {name: values[name] for name in _SAMPLING_OPTIONS if name in values}
+    sampling = {name: values[name] for name in SAMPLING_KINDS if name in values}
     if sampling.get("repeat_last_n") == -1:           # Ollama's -1: the whole context
         sampling["repeat_last_n"] = n_ctx
     seed = sampling.get("seed")

@@ -1,6 +1,6 @@
 """Anthropic's Messages API: ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``,
-over the shared generation path (:mod:`.generation`); bodies are parsed by
-:mod:`.anthropic_request` and replies built by :mod:`.anthropic_replies`.
+over the shared generation path (:mod:`..generation`); bodies are parsed by
+:mod:`.request` and replies built by :mod:`.replies`.
 
 Streams are server-sent events framed as Anthropic's (:class:`AnthropicFraming`):
 ``message_start`` (its usage counts the prompt), ``content_block_start`` of the text block,
@@ -8,7 +8,7 @@ Streams are server-sent events framed as Anthropic's (:class:`AnthropicFraming`)
 ``content_block_stop``, ``message_delta`` (``stop_reason``, ``stop_sequence``, usage) and
 ``message_stop``. A request that may call tools streams its answer once it is complete: each
 block whole (a ``tool_use`` block's input as one ``input_json_delta``). A failure ends the
-stream with an ``error`` event. The key may come as ``x-api-key`` (the guard in :mod:`.app`
+stream with an ``error`` event. The key may come as ``x-api-key`` (the guard in :mod:`..app`
 reads it beside ``Authorization: Bearer``); ``anthropic-version`` and ``anthropic-beta``
 are accepted and not read: the wire format is the Messages API's of version 2023-06-01, and a
 beta feature's fields are refused by name like any other edgespec does not have.
@@ -23,14 +23,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..results import Generation, StreamEvent
-from .anthropic_replies import (MessageReply, anthropic_error, block_delta, block_events,
-                                block_stop, blocks, sse_event)
-from .anthropic_request import parse_count, parse_messages
-from .body import read_json
-from .framing import Framing
-from .generation import GenerationPath, Timing
-from .wire import APIError, asked
+from ...results import Generation, StreamEvent
+from .replies import (MessageReply, anthropic_error, block_delta, block_events,
+                      block_stop, blocks, sse_event)
+from .request import parse_count, parse_messages
+from ..body import read_json
+from ..framing import Framing
+from ..generation import GenerationPath, Timing
+from ..wire import APIError, asked
 
 PING = sse_event("ping", {"type": "ping"})
 
@@ -40,7 +40,7 @@ def is_anthropic(path: str) -> bool:
 
 
 class AnthropicFraming(Framing):
-    """One reply in Anthropic's shape (:class:`~.anthropic_replies.MessageReply`); ``held``:
+    """One reply in Anthropic's shape (:class:`~.replies.MessageReply`); ``held``:
     the answer is sent once complete (a request that may call tools); ``input_tokens``: the
     prompt's, for ``message_start``."""
 

@@ -1,5 +1,5 @@
 """Ollama's model management: ``/api/pull``, ``/api/delete`` and ``/api/copy`` over the
-server's :class:`~.models.ModelManager` (what they do on disk: :mod:`.model_store`).
+server's :class:`~..models.ModelManager` (what they do on disk: :mod:`..model_store`).
 
 ``/api/pull`` streams NDJSON status objects, as Ollama's does: ``pulling manifest``; per
 file ``pulling <digest>`` with ``digest``, ``total`` and ``completed``; ``verifying sha256
@@ -8,7 +8,7 @@ digest``; ``success``, or ``{"error": …}`` as the last line when the pull fail
 manager sees a pulled model at once (a hub file pulled by ``REPO_ID/FILENAME`` is served
 under that name until the server stops). A name already on this machine that no registry
 knows (a file of the models folder) is answered ``success`` at once. A client that goes away
-stops its pull (see :mod:`.model_store`).
+stops its pull (see :mod:`..model_store`).
 
 ``/api/delete`` removes what ``edgespec rm`` removes (404 when nothing of the name is here,
 400 for a name no file could have), after unloading the models that use those files; every
@@ -36,14 +36,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .. import paths
-from ..catalogue import CatalogEntry, ModelNotFound
-from ..errors import EdgespecError, ModelNotFoundError
-from ..registry.downloads import DownloadError, NotEnoughDiskSpaceError
-from .body import read_json
-from .generation import GenerationPath, STREAM_HEADERS
-from .model_store import Pull, Removal, Target, pull_target, removal
-from .wire import APIError, checked, get_field, refuse_unknown
+from ... import paths
+from ...catalogue import CatalogEntry, ModelNotFound
+from ...errors import EdgespecError, ModelNotFoundError
+from ...registry.downloads import DownloadError, NotEnoughDiskSpaceError
+from ..body import read_json
+from ..generation import GenerationPath, STREAM_HEADERS
+from ..model_store import Pull, Removal, Target, pull_target, removal
+from ..wire import APIError, checked, get_field, refuse_unknown
 
 log = logging.getLogger(__name__)
 

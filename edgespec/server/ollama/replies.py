@@ -1,6 +1,6 @@
 """Ollama's replies: stream chunks, final objects, load replies, errors, and the bodies of
 ``/api/tags``, ``/api/show``, ``/api/ps`` and ``/api/version``. Plain Python, no HTTP stack;
-it mirrors :mod:`.replies` (OpenAI's).
+it mirrors :mod:`..openai.replies` (OpenAI's).
 
 Replies are Ollama's newline-delimited JSON objects, checked against the official ``ollama``
 client's types by the tests. Durations are in nanoseconds; ``prompt_eval_count`` is the whole
@@ -14,15 +14,14 @@ with a tag (``name:latest``), Ollama's convention, which apps display and send b
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
 from typing import Callable, Optional, Sequence
 
-from .. import __version__
-from ..catalogue import ModelKind
-from ..chat_template import ChatTemplate
-from .models_info import where
-from .replies import speculation, template_field
-from .wire import APIError
+from ... import __version__
+from ...catalogue import ModelKind
+from ...chat_template import ChatTemplate
+from ..models_info import where
+from ..reply_fields import rfc3339, speculation, template_field
+from ..wire import APIError
 
 # The Ollama version /api/version reports: clients compare it to enable features, and 0.12.11
 # is the first whose API has every field edgespec serves (logprobs, structured output, tools).
@@ -42,14 +41,6 @@ def calls_to_ollama(calls: Sequence) -> list[dict]:
     return [{"id": c.id, "function": {"index": i, "name": c.name,
                                       "arguments": c.parsed_arguments}}
             for i, c in enumerate(calls)]
-
-
-def rfc3339(ns: int) -> str:
-    """A time in nanoseconds since the epoch as Ollama writes it: RFC 3339, UTC, with
-    nanoseconds (``2024-07-22T20:33:28.123648000Z``)."""
-    seconds, frac = divmod(ns, 10 ** 9)
-    day = datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
-    return f"{day}.{frac:09d}Z"
 
 
 def _at(epoch: Optional[float]) -> str:
@@ -96,7 +87,7 @@ class OllamaReply:
     response: stream chunks, the final object, a load reply. ``model``: the name the request
     gave; ``token_bytes(id)`` spells tokens for logprobs (needed only when they were asked
     for); ``template``: the chat template that rendered the messages (None: a raw prompt), its
-    label in the ``edgespec`` field (:func:`~.replies.template_field`)."""
+    label in the ``edgespec`` field (:func:`~..reply_fields.template_field`)."""
 
     def __init__(self, kind: str, model: str,
                  token_bytes: Optional[Callable[[int], bytes]] = None,
@@ -174,7 +165,7 @@ def tags_body(entries: Sequence) -> dict:
 def ps_body(loaded: Sequence) -> dict:
     """``GET /api/ps``: the loaded models (objects with ``name``, ``entry`` (a catalog entry),
     ``size``, ``expires_at`` (epoch seconds; None: kept loaded, or in use) and ``n_ctx``
-    (the context it was loaded with; None: unknown), as :class:`~.models.LoadedInfo`); in
+    (the context it was loaded with; None: unknown), as :class:`~..models.LoadedInfo`); in
     ``edgespec``, its ``draft`` and, when the draft was chosen here, ``draft_reason``."""
     models = []
     for m in loaded:
