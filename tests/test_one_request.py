@@ -25,8 +25,8 @@ class Seen:
         self.decoded: list[tuple] = []       # (request, params, max_tokens)
         post_init = GenerationRequest.__post_init__
 
-        def recording_post_init(req):
-            post_init(req)
+        def recording_post_init(req, *bounds):      # (its API's bounds: context, logprobs)
+            post_init(req, *bounds)
             self.made.append(req)
         monkeypatch.setattr(GenerationRequest, "__post_init__", recording_post_init)
         run_decode, loop = generation_module._Run.decode, generation_module.decode
