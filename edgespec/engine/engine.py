@@ -15,8 +15,7 @@ cancel flag: ``Stream.cancel()`` stops that one, ``Engine.cancel()`` the ones ru
 either takes effect within one decoding step and leaves the caches holding exactly what was
 generated. ``close()`` stops the running and queued generations, waits for their steps in
 progress and frees both models; engines still open at interpreter exit are closed the same way
-(an ``atexit`` hook), so a generation running in a daemon thread cannot outlive the models it
-uses.
+(``atexit``), so a generation running in a daemon thread cannot outlive the models it uses.
 """
 
 from __future__ import annotations
@@ -81,9 +80,8 @@ class Engine:
         # Threads following the machine's load (threads.py), a governor a model; none if pinned
         self._threads = EngineThreads(target, draft, self._drafting.costs, adaptive_threads)
         self.streams = streams
-        # Where generations run, ``streams`` at once (edgespec/lanes.py; in the KV cells of
-        # ``parallel`` whole contexts when loaded so): its figures (running, waiting, rows per
-        # pass, contexts) are public.
+        # Where generations run, ``streams`` at once (lanes.py; in the KV cells of ``parallel``
+        # whole contexts when loaded so): its figures (running, waiting, rows …) are public.
         self.lanes = Lanes(target, draft if spec.uses_draft_model else None, self.draft_head,
                            streams, plan=self._drafting.plan_round,
                            on_pass=self._drafting.observe_pass if streams > 1 else None,
