@@ -19,7 +19,8 @@ from .model_commands import build_models_parsers
 from .server.command import build_serve_parser
 from .shell import (DRAFT_COLOR, EXIT_USER_ERROR, RESET, LogLines, Parser,
                     add_constraint_args, add_model_args, add_sampling_args, constraint_from_args,
-                    error_boundary, load_engine, max_tokens_option, sampling_from_args, status)
+                    error_boundary, load_engine, sampling_from_args, status)
+from .engine.request import check_max_tokens
 from .tui.command import build_chat_parser
 from .worker import build_worker_parser
 
@@ -29,6 +30,7 @@ from .worker import build_worker_parser
 
 def cmd_run(args) -> int:
     sampling = sampling_from_args(args)         # bad values fail before the models load
+    check_max_tokens(args.max_tokens)           # the core's check and message, as the chat's
     constraint = constraint_from_args(args)
     with load_engine(args) as eng:
         prompt = args.prompt
@@ -69,7 +71,7 @@ def build_run_parser(sub) -> None:
     p = sub.add_parser("run", help="generate a completion for one prompt")
     p.add_argument("prompt", help="the prompt: a user message, or sent as-is with --raw or "
                                   "when the model has no chat template (a base model)")
-    p.add_argument("--max-tokens", "-n", type=max_tokens_option(), default=config.MAX_TOKENS,
+    p.add_argument("--max-tokens", "-n", type=int, default=config.MAX_TOKENS,
                    metavar="N",
                    help=f"most tokens to generate (default {config.MAX_TOKENS})")
     p.add_argument("--raw", action="store_true", help="send the prompt as-is, no chat template")

@@ -51,7 +51,8 @@ N_CTX = 4096              # context window of each model, in tokens
 N_BATCH = 512             # most tokens per llama.cpp call
 MAX_STREAMS = 64          # most generations one Engine runs at once (sequences)
 MAX_TOKENS = 256          # most tokens per generation (API, `edgespec run`, the server)
-PARALLEL = 4              # generations `edgespec serve` runs at once per model (as slots)
+MAX_LOGPROBS = 20         # most alternatives to each token's log probability (an API may say 5)
+PARALLEL = 4              # whole contexts `edgespec serve` gives each model (generations at once)
 CHAT_MAX_TOKENS = 1024    # most tokens per answer in `edgespec chat`
 # Host memory for the KV states of conversations other than the live one (both models;
 # edgespec/prompt_cache.py). 0 turns the cache off.
@@ -250,8 +251,9 @@ class ModelConfig:
     n_threads: int = field(default_factory=default_threads)
     n_gpu_layers: int = -1
     n_outputs_max: int = N_OUTPUTS_MIN
-    # sequences the context holds (streams decoded together), each up to n_ctx positions
-    n_seq: int = 1
+    # sequences the context holds (streams decoded together), each up to n_ctx positions;
+    # checked where it enters (Engine.load: check_streams)
+    streams: int = 1
     # KV cells all sequences share (0: n_ctx for each); at least n_ctx
     n_cells: int = 0
     verbose: bool = False
@@ -272,11 +274,10 @@ class ModelConfig:
                    valid="an integer >= -1 (-1 = all layers)")
         _check_int("n_outputs_max", self.n_outputs_max, 1, 1 << 16,
                    valid="an integer in [1, 65536]")
-        _check_int("parallel", self.n_seq, 1, MAX_STREAMS, valid=f"an integer in [1, "
-                   f"{MAX_STREAMS}] (generations at once)")
-        if self.n_cells and not self.n_ctx <= self.n_cells <= self.n_ctx * self.n_seq:
+        if self.n_cells and not self.n_ctx <= self.n_cells <= self.n_ctx * self.streams:
             raise InvalidParameterError("n_cells", self.n_cells, f"0 or in [{self.n_ctx}, "
-                                        f"{self.n_ctx * self.n_seq}] (n_ctx to n_ctx × n_seq)")
+                                        f"{self.n_ctx * self.streams}] (n_ctx to n_ctx × "
+                                        "streams)")
         if self.cpu_extra_buffers not in CPU_EXTRA_BUFFERS:
             raise InvalidParameterError("cpu_extra_buffers", self.cpu_extra_buffers,
                                         "'auto', 'on' or 'off'")
@@ -287,8 +288,36 @@ class ModelConfig:
                                         "'auto', 'checkpoints' or 'snapshots'")
 
 
+def check_parallel(parallel: object, remote: bool = False) -> int:
+    """``parallel`` as the whole contexts of KV cache each model holds, the generations that
+    run at once whatever their length (``Engine.load``'s, ``edgespec serve --parallel``'s:
+    the only check of it): an integer in [1, MAX_STREAMS], 1 where a model is on RPC workers
+    (``remote``)."""
+    if remote and parallel != 1:
+        raise InvalidParameterError("parallel", parallel, "1 with RPC workers (a model on "
+                                    "workers serves one generation at a time)")
+    _check_int("parallel", parallel, 1, MAX_STREAMS, valid=f"an integer in [1, {MAX_STREAMS}] "
+               "(whole contexts of KV cache: generations at once)")
+    return parallel
+
+
+def check_streams(streams: object, parallel: int, remote: bool = False) -> int:
+    """``streams`` (None: ``parallel``) as the generations that run at once on the KV cache of
+    ``parallel`` whole contexts, those beyond ``parallel`` while their lengths fit (the only
+    check of it): an integer in [parallel, MAX_STREAMS], ``parallel`` with RPC workers."""
+    streams = parallel if streams is None else streams
+    if remote and streams != parallel:
+        raise InvalidParameterError("streams", streams, f"{parallel} (parallel) with RPC "
+                                    "workers (a model on workers serves one generation at a "
+                                    "time)")
+    _check_int("streams", streams, parallel, MAX_STREAMS, valid=f"an integer in [{parallel}, "
+               f"{MAX_STREAMS}] (generations at once: those beyond parallel={parallel} share "
+               "its whole contexts)")
+    return streams
+
+
 # Engine.load's settings, by the config they belong to (the configs hold their defaults).
-_MODEL_SETTINGS = {f.name for f in fields(ModelConfig)} - {"path", "n_outputs_max", "n_seq",
+_MODEL_SETTINGS = {f.name for f in fields(ModelConfig)} - {"path", "n_outputs_max", "streams",
                                                          "n_cells"}
 _SPEC_SETTINGS = {f.name for f in fields(SpecConfig)}
 

@@ -23,12 +23,13 @@ class EdgespecError(Exception):
 
 
 class InvalidParameterError(EdgespecError, ValueError):
-    """A sampling or runtime parameter is out of its valid range."""
+    """A sampling or runtime parameter is out of its valid range. ``options``: by default the
+    parameter it names (the one to change)."""
 
     def __init__(self, name: str, value: object, valid: str, *, options: tuple = ()):
         self.name, self.value, self.valid = name, value, valid
         super().__init__(f"{name}={value!r} is invalid: {name} must be {valid}",
-                         options=options)
+                         options=options or (name,))
 
 
 class ModelLoadError(EdgespecError):

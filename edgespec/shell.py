@@ -90,6 +90,7 @@ class Progress:
 
 # The command line's name for each API parameter that an error or a note asks to change.
 FLAGS = {"n_ctx": "--ctx-size N", "speculative": "--no-spec", "draft": "--no-spec",
+         "max_tokens": "--max-tokens N", "parallel": "--parallel N", "streams": "--streams S",
          "verbose": "--verbose", "draft_max": "--draft-max K",
          "cpu_extra_buffers": "--cpu-extra-buffers on|off", "flash_attn": "--flash-attn on|off"}
 
@@ -238,7 +239,7 @@ def max_tokens_option(option: str = "--max-tokens") -> Callable[[str], int]:
     (:func:`edgespec.engine.request.check_max_tokens`, its only one), said the shells' way."""
     def parse(text: str) -> int:
         try:
-            return check_max_tokens(int(text), option)
+            return check_max_tokens(int(text))
         except (ValueError, InvalidParameterError) as e:
             valid = e.valid if isinstance(e, InvalidParameterError) else "an integer"
             raise argparse.ArgumentTypeError(f"{option} {text} is invalid: it must be {valid}") \

@@ -99,13 +99,13 @@ class LoopStats:
 
 
 def decode(target: LanguageModel, context: list[int], *, params: SamplingParams,
-           rng: np.random.Generator, max_new: int, drafter: Optional[Drafter] = None,
+           rng: np.random.Generator, max_tokens: int, drafter: Optional[Drafter] = None,
            first_row: Optional[np.ndarray] = None,
            stats: Optional[LoopStats] = None,
            should_stop: Callable[[], bool] = lambda: False,
            constraint: Optional["GrammarState"] = None,
            logprobs: Optional[int] = None, verifier: str = "block") -> Iterator[Step]:
-    """Generate up to ``max_new`` tokens after ``context``.
+    """Generate up to ``max_tokens`` tokens after ``context``.
 
     ``context`` is the committed token list (prompt + tokens generated so far) and is extended
     in place as tokens are committed. Preconditions: ``target.tokens == context[:-1]``, or
@@ -114,7 +114,7 @@ def decode(target: LanguageModel, context: list[int], *, params: SamplingParams,
     prefix of ``context``. The first token never waits for the draft: it comes from
     ``first_row``, or else from a plain first round; the drafter decides each round's draft
     length (:mod:`edgespec.drafting`). Stops after an end-of-generation token (which is yielded),
-    after ``max_new`` tokens, or when the context window is full; it never asks llama.cpp for
+    after ``max_tokens`` tokens, or when the context window is full; it never asks llama.cpp for
     more than ``n_batch``/``n_outputs_max`` rows or ``n_ctx`` positions. ``should_stop`` is
     polled at every draft step and before each verify pass: when it turns true the loop ends
     without committing the round in progress. ``constraint``: a grammar's state after the
@@ -131,7 +131,8 @@ def decode(target: LanguageModel, context: list[int], *, params: SamplingParams,
     plain_greedy = params.greedy and not params.uses_penalty
     keyed = params.seed is not None and not params.greedy
     max_rows = min(target.n_batch, target.n_outputs_max)
-    limit = len(context) + min(max_new, target.n_ctx - len(context))
+    # where the generation ends: max_tokens on, or at the context's end (the room left)
+    limit = len(context) + min(max_tokens, target.n_ctx - len(context))
     if first_row is not None:
         assert target.tokens == context, "with first_row the target cache holds the context"
     else:

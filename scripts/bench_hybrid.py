@@ -269,7 +269,7 @@ def _decode(model, prompt, n, drafter) -> tuple[list[int], float, LoopStats, flo
     context, stats = list(prompt), LoopStats()
     t0 = time.perf_counter()
     out = [s.token for s in decode(model, context, params=GREEDY, rng=np.random.default_rng(0),
-                                    max_new=n, drafter=drafter, stats=stats)]
+                                    max_tokens=n, drafter=drafter, stats=stats)]
     return out, time.perf_counter() - t0, stats, seq.rollback_seconds - before
 
 

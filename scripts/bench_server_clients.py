@@ -119,7 +119,7 @@ def floor(args, texts: dict[int, list[list[str]]], lone_first: float) -> None:
     if not texts:
         return
     most = max(texts)
-    model = LlamaModel(ModelConfig(args.target, n_ctx=args.ctx_size, n_seq=most,
+    model = LlamaModel(ModelConfig(args.target, n_ctx=args.ctx_size, streams=most,
                                    n_outputs_max=most, n_threads=args.threads))
     try:
         seqs = [KVSequence(model, i) for i in range(most)]

@@ -196,7 +196,7 @@ def run(kind: str, seed: int):
         # Rolled back to its start rather than built anew: the same state, without the
         # matcher's construction (more than half of a run's time).
         grammar.rollback(grammar.depth)
-        out = [s.token for s in decode(target, context, params=params, rng=rng, max_new=N_NEW,
+        out = [s.token for s in decode(target, context, params=params, rng=rng, max_tokens=N_NEW,
                                        drafter=drafter, stats=stats, constraint=grammar)]
         key = tuple(out + [-1] * (N_NEW - len(out)))
         counts[key] = counts.get(key, 0) + 1

@@ -494,7 +494,7 @@ def _sevens_loop(policy, prompt_len, max_new, n_vocab=400, drafter=None, cycle=F
     first_row = target.eval(prompt, 1)[0] if prompt_row else target.eval(prompt[:-1], 0)
     stats = LoopStats()
     steps = list(decode(target, list(prompt), params=GREEDY, rng=np.random.default_rng(0),
-                        max_new=max_new, drafter=drafter, stats=stats,
+                        max_tokens=max_new, drafter=drafter, stats=stats,
                         first_row=first_row if prompt_row else None))
     return steps, stats, drafter
 

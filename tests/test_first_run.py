@@ -65,7 +65,7 @@ def test_loading_and_calibrating_show_a_changing_line(tmp_path, smollm2_f32_path
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["run", "hi", "--max-tokens", "0"], "--max-tokens 0 is invalid"),
+    (["run", "hi", "--max-tokens", "0"], "max_tokens=0 is invalid"),
     (["run", "hi", "--ctx-size", "8"], "--ctx-size 8 is invalid"),
     (["run", "hi", "--threads", "0"], "--threads 0 is invalid"),
     (["run", "hi", "--draft-max", "-1"], "--draft-max -1 is invalid"),

@@ -188,7 +188,7 @@ def test_the_loop_and_drafters_run_without_llama_cpp():
         target.eval(context[:-1], 0)
         stats = LoopStats()
         out = [s.token for s in decode(target, context, params=SamplingParams(temperature=0),
-                                       rng=rng, max_new=20, drafter=drafter, stats=stats)]
+                                       rng=rng, max_tokens=20, drafter=drafter, stats=stats)]
         assert len(out) == 20 and stats.accepted == stats.drafted > 0, (out, stats)
         assert "llama_cpp" not in sys.modules
         print("ok")

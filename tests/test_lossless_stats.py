@@ -298,7 +298,7 @@ def run_loop(K, seed: int, kind: str = "model", keyed: bool = False, verifier: s
             drafter.rollback(0)
         run_params = params.replace(seed=seed + r) if keyed else params
         out = [s.token for s in decode(target, context, params=run_params, rng=rng,
-                                       max_new=N_NEW, drafter=drafter, stats=stats,
+                                       max_tokens=N_NEW, drafter=drafter, stats=stats,
                                        verifier=verifier)]
         seqs[r] = out
         if hasattr(drafter, "suffix"):

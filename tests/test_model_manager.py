@@ -553,13 +553,13 @@ def test_without_ctx_size_each_model_gets_its_trained_context_as_far_as_memory_a
     small = fake_entry("small", size=gib // 4, kv=24_576, trained=8192)
     big = fake_entry("big", size=gib, kv=40_960, trained=32768)
     tiny = fake_entry("tiny", size=1000, kv=10, trained=512)
-    four = Budget(max_ram=6 * gib, streams=4)
+    four = Budget(max_ram=6 * gib, parallel=4)
     assert auto_context(small, four)[0] == 8192                       # trained: it fits
     n, why = auto_context(big, four)                                  # 5 GiB / (4 × 40 KiB)
     assert n == (5 * gib // (4 * 40_960)) // 256 * 256 == 32768 and "trained" in why
-    n, why = auto_context(big, Budget(max_ram=2 * gib, streams=4))
+    n, why = auto_context(big, Budget(max_ram=2 * gib, parallel=4))
     assert n == (gib // (4 * 40_960)) // 256 * 256 == 6400 and "--max-ram" in why
-    assert auto_context(big, Budget(max_ram=gib + 1, streams=4))[0] == 4096    # the floor
+    assert auto_context(big, Budget(max_ram=gib + 1, parallel=4))[0] == 4096    # the floor
     assert auto_context(tiny, four)[0] == 512
     mgr, loader = manager({"small": small, "big": big}, auto_ctx=True, n_ctx=4096,
                           max_ram=2 * gib, parallel=4)

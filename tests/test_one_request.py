@@ -22,11 +22,11 @@ class Seen:
 
     def __init__(self, monkeypatch):
         self.made: list[GenerationRequest] = []
-        self.decoded: list[tuple] = []       # (request, params, max_new)
+        self.decoded: list[tuple] = []       # (request, params, max_tokens)
         post_init = GenerationRequest.__post_init__
 
-        def recording_post_init(req):
-            post_init(req)
+        def recording_post_init(req, *bounds):      # (its API's bounds: context, logprobs)
+            post_init(req, *bounds)
             self.made.append(req)
         monkeypatch.setattr(GenerationRequest, "__post_init__", recording_post_init)
         run_decode, loop = generation_module._Run.decode, generation_module.decode
@@ -43,7 +43,7 @@ class Seen:
                 first = next(steps, None)         # the loop is built before the first step
             finally:
                 generation_module.decode = loop
-            self.decoded.append((run.req.request, handed["params"], handed["max_new"]))
+            self.decoded.append((run.req.request, handed["params"], handed["max_tokens"]))
             if first is not None:
                 yield first
                 yield from steps
@@ -57,9 +57,9 @@ class Seen:
         """The one request made since the last clear, checked to be the one decoded."""
         assert len(self.made) == 1, f"{len(self.made)} GenerationRequests for one generation"
         assert len(self.decoded) == 1
-        req, params, max_new = self.decoded[0]
+        req, params, max_tokens = self.decoded[0]
         assert req is self.made[0], "the loop was handed another request than the edge made"
-        assert params is req.sampling and max_new == req.max_tokens
+        assert params is req.sampling and max_tokens == req.max_tokens
         self.clear()
         return req
 

@@ -71,7 +71,7 @@ def run_interleaved(runs: int = N_RUNS, turns: bool = False) -> tuple[np.ndarray
                 drafter.rollback(0)
                 run_params = params.replace(seed=r) if i == 2 else params
                 tokens = [s.token for s in decode(lane.target, context, params=run_params,
-                                                  rng=rng, max_new=N_NEW, drafter=drafter,
+                                                  rng=rng, max_tokens=N_NEW, drafter=drafter,
                                                   stats=LoopStats())]
                 if i == 0:
                     out[r] = tokens

@@ -452,8 +452,8 @@ def test_option_errors_are_one_line(server, tmp_path):
     assert_one_line_error(serve("--max-loaded", "0"), "--max-loaded")
     assert_one_line_error(serve("--max-ram", "-2"), "--max-ram")
     assert_one_line_error(serve("--cache-ram", "-1"), "--cache-ram")
-    assert_one_line_error(serve("--parallel", "4", "--streams", "2"), "--streams 2",
-                          "give 4 (--parallel) to 64")
+    assert_one_line_error(serve("--parallel", "4", "--streams", "2"), "streams=2 is invalid",
+                          "an integer in [4, 64]", "--streams S")
 
 
 def test_all_addresses_with_a_key(smollm2_q4_path):

@@ -280,4 +280,4 @@ def test_decode_refuses_an_unknown_verifier():
     target.eval([1], 0)
     with pytest.raises(ValueError, match="verifier must be 'block' or 'token'"):
         next(decode(target, [1, 2], params=SamplingParams(), rng=np.random.default_rng(0),
-                    max_new=2, verifier="tokens"))
+                    max_tokens=2, verifier="tokens"))

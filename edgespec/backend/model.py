@@ -4,7 +4,7 @@ loop runs on.
 A :class:`LlamaModel` keeps ``tokens``, the exact sequence its KV cache holds, so callers
 reason about caches as lists: :meth:`LlamaModel.eval` appends, :meth:`LlamaModel.truncate`
 removes a suffix with ``llama_memory_seq_rm``. A context may hold several sequences
-(``ModelConfig.n_seq``, one per stream, each reaching ``n_ctx`` positions, all sharing one
+(``ModelConfig.streams``, one per stream, each reaching ``n_ctx`` positions, all sharing one
 unified KV buffer of ``n_cells``): :attr:`LlamaModel.sequences` are their caches
 (:mod:`.sequence`; the model's own ``tokens``/``eval``/``truncate`` are the first one's), and
 :meth:`LlamaModel.decode` evaluates the rows of several in one ``llama_decode``. Logits come
@@ -92,7 +92,7 @@ class LlamaModel(HasVocabulary):
         self.n_ctx_train = C.llama_model_n_ctx_train(model)
         self.n_embd = C.llama_model_n_embd(model)
         self.recurrent = is_recurrent(model)     # (going back takes rollback.py's copies)
-        n_seq = config.n_seq
+        n_seq = config.streams
         self.n_outputs_max = min(config.n_outputs_max, config.n_batch)      # per sequence
         # all sequences' rows in one call, within the batch
         self.n_outputs_total = min(self.n_outputs_max * n_seq, config.n_batch)

@@ -114,14 +114,14 @@ class EngineDrafting:
     def __init__(self, spec: SpecConfig, target: LoadedModel, draft: Optional[LoadedModel],
                  head: Optional[ReducedHead] = None, *, vocab_map: Optional["VocabMap"] = None,
                  recalibrate: bool = False, progress: Callable[[str], None] = lambda s: None,
-                 parallel: int = 1, shares_kv: bool = False):
+                 streams: int = 1, shares_kv: bool = False):
         # A draft with a large vocabulary, run on the CPU, skips llama.cpp's output layer and
         # applies a reduced one (reduced_head.py); ``head``: one shared with another Engine.
         if head is None and draft is not None and draft.can_tap \
                 and draft.n_vocab >= HEAD_MIN_VOCAB and spec.uses_draft_model:
             head = ReducedHead(draft, shared=vocab_map.keep if vocab_map else None)
         self.spec, self.target, self.draft, self.head = spec, target, draft, head
-        self.parallel = parallel
+        self.streams = streams
         # The draft is the target's network at another precision: its cache takes the
         # target's cells for what the target read (reading.py) instead of reading it again.
         self.shares_kv = shares_kv
@@ -155,7 +155,7 @@ class EngineDrafting:
         target = self.target
         self.costs.position = lambda: len(target.tokens)   # the context its passes follow
         # Several streams draft together: what the draft's pass over b of them costs.
-        sizes = [b for b in (2, 4, 8, 16) if b <= self.parallel]
+        sizes = [b for b in (2, 4, 8, 16) if b <= self.streams]
         if draft is not None and sizes and not all(b in self.costs.draft_batch for b in sizes):
             self._progress("measuring the draft's batches (once per model and setting)…")
             self.costs.draft_batch.update(measure_draft_batch(draft, sizes, self.head))
@@ -165,9 +165,9 @@ class EngineDrafting:
     def follow(self, lanes) -> None:
         """With several lanes the costs' context (the attention term's) is the streams'
         mean, not one sequence's."""
-        if self.costs is not None and self.parallel > 1:
+        if self.costs is not None and self.streams > 1:
             self.costs.position = lanes.mean_context
-        if self.parallel > 1:
+        if self.streams > 1:
             rounds = lanes.rounds
             # (a stream joining starts a phase afresh, as a prompt's pass does: a lone
             # stream's phase must not span the wait for the next request)
@@ -197,7 +197,7 @@ class EngineDrafting:
         quiet measurement replaced it. Between generations only: it uses the models."""
         c = self.costs
         if c is None or not c.busy or (not force and time.monotonic() < self._remeasure_at) \
-                or self.parallel > 1:       # (other lanes may be decoding on the models)
+                or self.streams > 1:       # (other lanes may be decoding on the models)
             return False
         draft = self._measured_draft()
         models = [m for m in (self.target, draft) if m is not None]
@@ -233,7 +233,7 @@ class EngineDrafting:
         Python work on the same cores and over several sequences (a table so refined put 4
         rows at 84 ms where one stream's pass of 4 takes 30), and the file is every session's,
         one stream's included."""
-        if self.costs is not None and not self.costs.busy and self.parallel == 1 \
+        if self.costs is not None and not self.costs.busy and self.streams == 1 \
                 and self.costs.observed >= self.SAVE_AFTER:
             CostCache(self.target, self._measured_draft(), self.head).save(self.costs,
                                                                            "refined")
@@ -266,7 +266,7 @@ class EngineDrafting:
                 self._calibrate()
             joint = ((lambda rates, cap, alone: lane.plan(
                 Ask(rates, cap, alone, position=len(lane.target.tokens))))
-                if self.parallel > 1 else None)
+                if self.streams > 1 else None)
             drafter = make_drafter(
                 spec, costs=self.costs, k_max=min(spec.k_max, self.target.n_outputs_max - 1),
                 draft_model=lane.draft, eog=self.target.vocab.eog, head=lane.head,

@@ -6,16 +6,16 @@ tokenizer, and measures what each costs. ``stream`` checks its arguments, turns 
 ``generate`` collects a stream. Both caches are kept between calls: a prompt that extends the
 previous one (the next chat turn) evaluates only its new tokens.
 
-Threads: an Engine loaded with ``parallel=N`` runs up to N generations at once, each in a
-lane of its own (a sequence of each model's context, :mod:`edgespec.engine.lanes`), their passes
-batched into one ``llama_decode`` per round (:mod:`edgespec.engine.rounds`) and their draft lengths
-planned together; more wait in arrival order (:mod:`edgespec.engine.streams`), whichever threads
-call it. Each generation has its own cancel flag: ``Stream.cancel()`` stops that one,
-``Engine.cancel()`` the ones running now; either takes effect within one decoding step and
-leaves the caches holding exactly what was generated. ``close()`` stops the running and
-queued generations, waits for their steps in progress and frees both models; engines still
-open at interpreter exit are closed the same way (an ``atexit`` hook), so a generation
-running in a daemon thread cannot outlive the models it uses.
+Threads: an Engine loaded with ``parallel=N`` (and ``streams=S``, default N) runs up to S
+generations at once, each in a lane of its own (a sequence of each model's context,
+:mod:`edgespec.engine.lanes`), their passes batched into one ``llama_decode`` per round
+(:mod:`edgespec.engine.rounds`) and their draft lengths planned together; more wait in arrival
+order (:mod:`edgespec.engine.streams`), whichever threads call it. Each generation has its own
+cancel flag: ``Stream.cancel()`` stops that one, ``Engine.cancel()`` the ones running now;
+either takes effect within one decoding step and leaves the caches holding exactly what was
+generated. ``close()`` stops the running and queued generations, waits for their steps in
+progress and frees both models; engines still open at interpreter exit are closed the same way
+(``atexit``), so a generation running in a daemon thread cannot outlive the models it uses.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 from .. import config
 from ..backend import (VocabMap, backend_info, check_pair, open_pair, placement, same_network,
                       release_free_heap, rpc_endpoints)
-from ..config import ModelConfig, SpecConfig, split_settings
+from ..config import ModelConfig, SpecConfig, check_parallel, check_streams, split_settings
 from ..drafting import HEAD_MIN_VOCAB, ReducedHead
 from .drafting import EngineDrafting
 from ..embedding import Embedder, Embeddings, Inputs
@@ -58,7 +58,7 @@ class Engine:
     def __init__(self, target: LoadedModel, draft: Optional[LoadedModel], spec: SpecConfig, *,
                  draft_head: Optional[ReducedHead] = None, adaptive_threads: bool = False,
                  recalibrate: bool = False, cache_ram: int = config.CACHE_RAM_MIB,
-                 vocab_map: Union[VocabMap, None, str] = "check", parallel: int = 1,
+                 vocab_map: Union[VocabMap, None, str] = "check", streams: int = 1,
                  progress: Callable[[str], None] = lambda s: None, draft_choice=None):
         self.target = target
         self.draft = draft
@@ -74,17 +74,17 @@ class Engine:
         self.template = self._prompter.template
         self._drafting = EngineDrafting(
             spec, target, draft, draft_head, vocab_map=vocab_map, recalibrate=recalibrate,
-            progress=progress, parallel=parallel,
+            progress=progress, streams=streams,
             shares_kv=draft is not None and vocab_map is None and same_network(target, draft))
         self.draft_head = self._drafting.head       # (a reduced output layer, or None)
         # Threads following the machine's load (threads.py), a governor a model; none if pinned
         self._threads = EngineThreads(target, draft, self._drafting.costs, adaptive_threads)
-        self.parallel = parallel
-        # Where generations run, ``parallel`` at once (edgespec/lanes.py; in the KV cells of fewer
-        # full contexts when loaded so): its figures (running, waiting, rows per pass) are public.
+        self.streams = streams
+        # Where generations run, ``streams`` at once (lanes.py; in the KV cells of ``parallel``
+        # whole contexts when loaded so): its figures (running, waiting, rows …) are public.
         self.lanes = Lanes(target, draft if spec.uses_draft_model else None, self.draft_head,
-                           parallel, plan=self._drafting.plan_round,
-                           on_pass=self._drafting.observe_pass if parallel > 1 else None,
+                           streams, plan=self._drafting.plan_round,
+                           on_pass=self._drafting.observe_pass if streams > 1 else None,
                            cells=target.config.n_cells or None, margin=spec.most_drafts + 1)
         self._drafting.follow(self.lanes)
         # The states of other conversations than the live ones, in host memory
@@ -140,6 +140,10 @@ class Engine:
         if target is None:
             raise InvalidParameterError("target", None, "a path to a GGUF file (or pair=NAME)")
         model, spec_settings = split_settings(settings)
+        rpc, draft_rpc = rpc_endpoints(model.pop("rpc", None), draft_rpc)
+        remote = bool(rpc or draft_rpc)
+        parallel = check_parallel(parallel, remote)
+        streams = check_streams(streams, parallel, remote)
         if auto:                                    # (the registry measures; the core never)
             from ..registry.auto_draft import engine_draft
             draft, choice = engine_draft(target, spec_settings, model, progress)
@@ -149,20 +153,15 @@ class Engine:
         if spec.uses_draft_model and draft is None:
             raise InvalidParameterError("drafter", spec.drafter, "'ngram' or 'none' when no "
                                         "draft model is given (or pass draft=PATH)")
-        rpc, draft_rpc = rpc_endpoints(model.pop("rpc", None), draft_rpc)
-        if parallel != 1 and (rpc or draft_rpc):
-            raise InvalidParameterError("parallel", parallel, "1 with RPC workers (a model on "
-                                        "workers serves one generation at a time)")
-        streams, cells, d_cells = shared_cells(parallel, streams, model.get("n_ctx"), target,
-                                               draft, remote=bool(rpc or draft_rpc))
+        cells, d_cells = shared_cells(parallel, streams, model.get("n_ctx"), target, draft)
         adaptive_threads = model.get("n_threads") is None
         if adaptive_threads:
             model.pop("n_threads", None)
         target_gpu = {k: model.pop(k) for k in ("n_gpu_layers",) if k in model}
         draft_gpu = {"n_gpu_layers": draft_n_gpu_layers} if draft_n_gpu_layers is not None else {}
-        t_cfg = ModelConfig(target, rpc=rpc, n_seq=streams, n_cells=cells, **target_gpu, **model,
+        t_cfg = ModelConfig(target, rpc=rpc, streams=streams, n_cells=cells, **target_gpu, **model,
                             n_outputs_max=max(config.N_OUTPUTS_MIN, spec.most_drafts + 1))
-        d_cfg = (ModelConfig(draft, rpc=draft_rpc, n_seq=streams, n_cells=d_cells,
+        d_cfg = (ModelConfig(draft, rpc=draft_rpc, streams=streams, n_cells=d_cells,
                              n_outputs_max=1, **draft_gpu, **model)
                  if draft is not None and spec.uses_draft_model else None)
         t_model, d_model, vmap = open_pair(t_cfg, d_cfg, draft_tap_min_vocab=HEAD_MIN_VOCAB,
@@ -170,7 +169,7 @@ class Engine:
         try:
             return cls(t_model, d_model, spec, adaptive_threads=adaptive_threads,
                        recalibrate=recalibrate, cache_ram=cache_ram, vocab_map=vmap,
-                       parallel=streams, progress=progress, draft_choice=choice)
+                       streams=streams, progress=progress, draft_choice=choice)
         except BaseException:
             for m in (d_model, t_model):
                 if m is not None:

@@ -171,7 +171,7 @@ class _Run:
         self.steps = decode(self.target, list(run.prompt), first_row=self.first_row,
                             params=req.sampling,
                             rng=np.random.default_rng(req.sampling.seed),
-                            max_new=req.max_tokens, drafter=self.drafter,
+                            max_tokens=req.max_tokens, drafter=self.drafter,
                             stats=self.stats.loop, should_stop=self.cancelled.is_set,
                             constraint=run.grammar, logprobs=req.logprobs,
                             verifier=run.speculation.verifier if run.speculation else "block")

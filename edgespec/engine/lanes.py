@@ -1,4 +1,4 @@
-"""An Engine's lanes: where its generations run, ``parallel`` of them at once.
+"""An Engine's lanes: where its generations run, ``streams`` of them at once.
 
 A :class:`Lane` is one sequence of the target's context and one of the draft's (the KV caches
 of one conversation), seen as models by the decoding loop (:class:`~edgespec.engine.stream_model.
@@ -34,24 +34,20 @@ if TYPE_CHECKING:
     from ..drafting.suffix import SuffixIndex
 
 
-def shared_cells(parallel: int, streams: Optional[int], n_ctx: Optional[int], target, draft,
-                 remote: bool = False) -> tuple[int, int, int]:
-    """(streams, the target's KV cells, the draft's) for ``streams`` generations at once over
-    the KV cache of ``parallel`` full contexts of ``n_ctx`` (cells 0: ``n_ctx`` for each
-    sequence, as when ``streams`` is ``parallel``). A generation enters while its prompt,
-    ``max_tokens`` and a round's drafts fit beside what the others can reach (at most a whole
-    context each: :meth:`Lanes.enter`). A draft of the target's tokenizer never
-    holds more than the target's positions and a round's drafts, so it shares as few cells;
-    another tokenizer's text may take more, so that draft keeps a context for each."""
-    streams = parallel if streams is None else streams
-    if not isinstance(streams, int) or isinstance(streams, bool) or \
-            not parallel <= streams <= config.MAX_STREAMS or (streams > parallel and remote):
-        raise InvalidParameterError("streams", streams, f"an integer in [parallel, "
-                                    f"{config.MAX_STREAMS}] (parallel with RPC workers)")
+def shared_cells(parallel: int, streams: int, n_ctx: Optional[int], target,
+                 draft) -> tuple[int, int]:
+    """(the target's KV cells, the draft's) for ``streams`` generations at once over the KV
+    cache of ``parallel`` full contexts of ``n_ctx`` (both checked where they entered:
+    :func:`~edgespec.config.check_parallel`, :func:`~edgespec.config.check_streams`; cells 0:
+    ``n_ctx`` for each sequence, as when ``streams`` is ``parallel``). A generation enters
+    while its prompt, ``max_tokens`` and a round's drafts fit beside what the others can reach
+    (at most a whole context each: :meth:`Lanes.enter`). A draft of the target's tokenizer
+    never holds more than the target's positions and a round's drafts, so it shares as few
+    cells; another tokenizer's text may take more, so that draft keeps a context for each."""
     if streams == parallel:
-        return streams, 0, 0
+        return 0, 0
     cells = (n_ctx or config.N_CTX) * parallel
-    return streams, cells, cells if draft is not None and _same_vocab(target, draft) else 0
+    return cells, cells if draft is not None and _same_vocab(target, draft) else 0
 
 
 def _same_vocab(target, draft) -> bool:
@@ -96,8 +92,8 @@ class Lanes:
                  on_pass: Optional[Callable] = None, cells: Optional[int] = None,
                  margin: int = 0):
         if any(m is not None and len(m.sequences) < n for m in (target, draft)):
-            raise InvalidParameterError("parallel", n, "at most the sequences the models were "
-                                        "loaded with (ModelConfig.n_seq)")
+            raise InvalidParameterError("streams", n, "at most the sequences the models were "
+                                        "loaded with (ModelConfig.streams)")
         self.n = n
         self.n_ctx = target.n_ctx
         self.cells = cells if cells is not None else self.n_ctx * n

@@ -7,14 +7,17 @@ one and hands it to :meth:`Engine.submit <edgespec.engine.engine.Engine.submit>`
 object travels to the loop: the Engine's prompter tokenizes its prompt into a
 :class:`Prepared` that holds it (the tokens, the grammar's state, the speculation), and
 :func:`edgespec.engine.generation.run_generation` reads its limits and sampling from it.
-The range of each parameter is checked in one place: :class:`~edgespec.config.SamplingParams`
-for sampling, :func:`check_max_tokens`, :func:`check_stop` and :func:`check_logprobs` for the
-rest (the server's parsers call these with their protocol's names and bounds).
+The range of each parameter is checked in one place, when the request is made:
+:class:`~edgespec.config.SamplingParams` for sampling, :func:`check_max_tokens`,
+:func:`check_stop` and :func:`check_logprobs` for the rest. An edge whose API states a lower
+bound passes it as the request is made (``context``, ``logprobs_max``, as SamplingParams takes
+``temperature_max``) and names a refused field as its client sent it
+(:func:`edgespec.server.wire.generation_request`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import InitVar, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union
 
 from .. import config
@@ -65,16 +68,22 @@ class GenerationRequest:
     index_key: Optional[str] = None
     suffix: Optional[str] = None
     infill_files: Optional[Sequence[tuple[str, str]]] = None
+    # The bounds an edge's API states (not fields: the checks below are the only ones):
+    # ``context``, the tokens of context the request runs in, which max_tokens may not pass
+    # (None: any; OpenAI's routes refuse more, the loop would stop at the context's end);
+    # ``logprobs_max``, the most alternatives to a token (OpenAI's legacy completions: 5).
+    context: InitVar[Optional[int]] = None
+    logprobs_max: InitVar[int] = config.MAX_LOGPROBS
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, context: Optional[int], logprobs_max: int) -> None:
         if self.sampling is None:
             object.__setattr__(self, "sampling", SamplingParams())
         elif not isinstance(self.sampling, SamplingParams):
             raise InvalidParameterError("sampling", type(self.sampling).__name__,
                                         "a SamplingParams")
-        check_max_tokens(self.max_tokens)
+        check_max_tokens(self.max_tokens, most=context)
         object.__setattr__(self, "stop", check_stop(self.stop))
-        check_logprobs(self.logprobs)
+        check_logprobs(self.logprobs, most=logprobs_max)
         if self.infill_files is not None:
             object.__setattr__(self, "infill_files", check_infill_files(self.infill_files,
                                                                         self.suffix))
@@ -114,12 +123,13 @@ class Prepared:
         return self.speculation is not None
 
 
-def check_max_tokens(value: Any, name: str = "max_tokens", most: Optional[int] = None) -> int:
-    """``value`` as the most tokens to generate: an integer >= 1 (at most ``most``)."""
+def check_max_tokens(value: Any, most: Optional[int] = None) -> int:
+    """``value`` as the most tokens to generate: an integer >= 1 (at most ``most``, the
+    context size, where an edge holds it to one)."""
     if (not isinstance(value, int) or isinstance(value, bool) or value < 1
             or (most is not None and value > most)):
-        raise InvalidParameterError(name, value, "an integer >= 1" if most is None else
-                                    f"an integer in [1, {most}] (the context size)")
+        raise InvalidParameterError("max_tokens", value, "an integer >= 1" if most is None
+                                    else f"an integer in [1, {most}] (the context size)")
     return value
 
 
@@ -148,10 +158,10 @@ def check_infill_files(value: Any, suffix: Optional[str]) -> tuple:
     return tuple((name, text) for name, text in value)
 
 
-def check_logprobs(value: Any) -> Optional[int]:
+def check_logprobs(value: Any, most: int = config.MAX_LOGPROBS) -> Optional[int]:
     """``value`` as the number of alternatives to each token's log probability: None or an
-    integer in [0, 20]."""
+    integer in [0, ``most``]."""
     if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                              or not 0 <= value <= 20):
-        raise InvalidParameterError("logprobs", value, "None or an integer in [0, 20]")
+                              or not 0 <= value <= most):
+        raise InvalidParameterError("logprobs", value, f"None or an integer in [0, {most}]")
     return value

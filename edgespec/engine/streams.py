@@ -1,6 +1,6 @@
 """Generation handles, and how generations on one Engine share it.
 
-An Engine's models hold ``parallel`` sequences each (one pair of KV caches per lane). Each
+An Engine's models hold ``streams`` sequences each (one pair of KV caches per lane). Each
 generation is a :class:`Stream` over a generator that the Engine writes. The generation waits
 for a free lane at the Engine's :class:`~.lanes.Lanes` (first come, first served) when
 the stream is first advanced, keeps that lane while it is open, and gives it back when it

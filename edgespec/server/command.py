@@ -173,22 +173,14 @@ def manager_options(args) -> dict:
         keep_alive = parse_keep_alive(args.keep_alive)
     except APIError as e:
         raise UsageError(f"--keep-alive: {e.message}") from None
+    # the core's checks (Engine.load's too), before any model is fetched or loaded
+    remote = bool(args.rpc or args.draft_rpc)
     if args.parallel is None:
-        args.parallel = 1 if args.rpc or args.draft_rpc else config.PARALLEL
-    if not 1 <= args.parallel <= config.MAX_STREAMS:
-        raise UsageError(f"--parallel {args.parallel}: give 1 to {config.MAX_STREAMS} "
-                         "generations at once")
-    if args.parallel > 1 and (args.rpc or args.draft_rpc):
-        raise UsageError(f"--parallel {args.parallel}: a model on RPC workers serves one "
-                         "generation at a time (--parallel 1)")
-    if args.streams is None:
+        args.parallel = 1 if remote else config.PARALLEL
+    args.parallel = config.check_parallel(args.parallel, remote)
+    if args.streams is None:        # serve's default: twice the whole contexts
         args.streams = min(2 * args.parallel, config.MAX_STREAMS) if args.parallel > 1 else 1
-    if not args.parallel <= args.streams <= config.MAX_STREAMS:
-        raise UsageError(f"--streams {args.streams}: give {args.parallel} (--parallel) to "
-                         f"{config.MAX_STREAMS} generations at once")
-    if args.streams > 1 and (args.rpc or args.draft_rpc):
-        raise UsageError(f"--streams {args.streams}: a model on RPC workers serves one "
-                         "generation at a time")
+    args.streams = config.check_streams(args.streams, args.parallel, remote)
     return dict(max_loaded=args.max_loaded, keep_alive=keep_alive, parallel=args.parallel,
                 max_ram=int(args.max_ram * 2**30) if args.max_ram else None,
                 aliases=parse_aliases(args.model_alias))

@@ -65,7 +65,7 @@ def auto_context(entry: CatalogEntry, budget: Budget) -> tuple[int, str]:
     per_token = budget.memory(entry, 1) - entry.size
     fits = (ram - entry.size) // per_token if per_token > 0 else trained
     n = max(floor, min(trained, fits) // CONTEXT_STEP * CONTEXT_STEP)
-    lanes = budget.streams if entry.kind is not ModelKind.EMBEDDING else 1
+    lanes = budget.parallel if entry.kind is not ModelKind.EMBEDDING else 1
     if n == trained:
         why = f"the context it was trained with; {lanes} lane(s) fit in {where}"
     elif n == floor:

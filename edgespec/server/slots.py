@@ -76,22 +76,22 @@ class Slot:
 
 class Budget:
     """At most ``max_loaded`` models at once, their memory estimates adding up to at most
-    ``max_ram`` bytes (None: no limit), each model's with the KV caches of ``streams``
-    lanes."""
+    ``max_ram`` bytes (None: no limit), each model's with the KV caches of ``parallel``
+    whole contexts (``--parallel``; the streams beyond them share those)."""
 
-    def __init__(self, max_loaded: int = 1, max_ram: Optional[int] = None, streams: int = 1):
+    def __init__(self, max_loaded: int = 1, max_ram: Optional[int] = None, parallel: int = 1):
         if max_loaded < 1:
             raise EdgespecError(f"max_loaded={max_loaded} is invalid: at least one model must "
                                 "fit")
         if max_ram is not None and max_ram <= 0:
             raise EdgespecError(f"max_ram={max_ram} is invalid: give a positive number of "
                                 "bytes, or None for no limit")
-        self.max_loaded, self.max_ram, self.streams = max_loaded, max_ram, streams
+        self.max_loaded, self.max_ram, self.parallel = max_loaded, max_ram, parallel
 
     def memory(self, entry: CatalogEntry, n_ctx: int) -> int:
-        """What ``entry`` takes loaded with ``n_ctx`` tokens for each of its ``streams``
-        lanes (an Engine's KV caches hold a context per lane; an embedding model's, one)."""
-        return entry.memory(n_ctx * (1 if entry.kind is ModelKind.EMBEDDING else self.streams))
+        """What ``entry`` takes loaded with ``n_ctx`` tokens for each of its ``parallel``
+        whole contexts (an Engine's KV caches hold ``parallel``; an embedding model's, one)."""
+        return entry.memory(n_ctx * (1 if entry.kind is ModelKind.EMBEDDING else self.parallel))
 
     def check(self, name: str, need: int) -> None:
         """Refuse a model that alone needs more than ``max_ram`` (:class:`~edgespec.errors.

@@ -87,6 +87,18 @@ def sampling_params(values: dict, temperature_max: float, where: str = "") -> Sa
         raise invalid(name, e.value, e.valid) from None
 
 
+def generation_request(prompt: Any, names: Optional[dict] = None,
+                       **fields) -> GenerationRequest:
+    """``GenerationRequest(prompt, **fields)``: its checks of max_tokens and logprobs (with
+    the API's bounds, ``context`` and ``logprobs_max``) are the only ones; a refusal is a 400
+    naming the field the client sent (``names``: the request's name -> the protocol's, as
+    ``{"max_tokens": "options.num_predict"}``)."""
+    try:
+        return GenerationRequest(prompt, **fields)
+    except InvalidParameterError as e:
+        raise invalid((names or {}).get(e.name, e.name), e.value, e.valid) from None
+
+
 def core_check(check: Callable[..., Any], value: Any, name: str, **bounds) -> Any:
     """``check(value, name, **bounds)`` (one of :mod:`edgespec.engine.request`'s checks, the
     only ones of their parameters), its refusal a 400 naming ``name``."""
@@ -128,7 +140,9 @@ def message_list(body: dict) -> list:
 
 
 def num_ctx(value: Any, name: str) -> Optional[int]:
-    """A requested context size: None, or an integer >= 1 (an APIError names ``name``)."""
+    """A requested context size: None, or an integer >= 1 (an APIError names ``name``, the
+    field the client sent: ``num_ctx`` or Ollama's ``options.num_ctx``). The only check of
+    it; :mod:`.contexts` then clamps it to what the model can have."""
     if value is None:
         return None
     n = checked(name, value, "int")

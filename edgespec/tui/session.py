@@ -166,9 +166,8 @@ class ChatSession:
         elif name == "seed":
             # A seed makes an answer reproducible: the same conversation, settings and seed
             # give the same text, with speculation on or off (noise keyed by position).
-            seed = None if value in ("random", "off", "none") else _number(value)
-            if seed is not None and (not isinstance(seed, int) or seed < 0):
-                raise InvalidParameterError(name, seed, "an integer >= 0, or random")
+            # (SamplingParams' check, the only one, refuses a bad one)
+            seed = None if value.lower() in ("random", "off", "none") else _number(value)
             self.sampling = self.sampling.replace(seed=seed)
         elif name == "max_tokens":
             self.max_tokens = check_max_tokens(_number(value), most=self.engine.n_ctx)

@@ -29,10 +29,11 @@ from typing import Any, Optional
 from ...config import SamplingParams
 from ...constraints import Constraint
 from ...errors import ConstraintError
-from ...engine.request import GenerationRequest, check_max_tokens, check_stop
+from ...engine.request import check_stop
 from ...tools import Tool, parse_tools
-from ..wire import (APIError, APIRequest, check_size, checked, core_check, get_field, invalid,
-                    message_list, refuse_unknown, sampling_fields, sampling_params, unsupported)
+from ..wire import (APIError, APIRequest, check_size, checked, core_check, generation_request,
+                    get_field, invalid, message_list, refuse_unknown, sampling_fields,
+                    sampling_params, unsupported)
 
 TEMPERATURE_MAX = 1.0          # Anthropic's range
 MAX_STOP_SEQUENCES = 64        # Anthropic states no bound; each one is checked at every token
@@ -236,11 +237,12 @@ def _stop_sequences(body: dict) -> tuple:
 
 
 def _max_tokens(body: dict) -> int:
+    """The required ``max_tokens``, its type checked (its range where the request is made)."""
     value = body.get("max_tokens")
     if value is None:
         raise APIError(400, "max_tokens is required: the most tokens the answer may have",
                        param="max_tokens", code="missing_required_parameter")
-    return core_check(check_max_tokens, checked("max_tokens", value, "int"), "max_tokens")
+    return checked("max_tokens", value, "int")
 
 
 def _refuse_features(body: dict) -> None:
@@ -320,7 +322,7 @@ def _request(body: Any, fields: set, n_ctx: int, max_tokens: Optional[int]) -> A
         raise APIError(400, "output_config.format and tools cannot both shape one answer: "
                             "send one of them (or tool_choice {\"type\": \"none\"})",
                        param="output_config.format", code="invalid_value")
-    generation = GenerationRequest(
+    generation = generation_request(
         prompt, max_tokens=max_tokens, sampling=_sampling(body), stop=_stop_sequences(body),
         speculative=get_field(body, "speculative", "bool", True), constraint=constraint,
         tools=tools, tool_choice=choice, parallel_tool_calls=parallel)

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ...config import TEMPERATURE_MAX      # llama-server states no bound of its own
-from ...engine.request import GenerationRequest, check_stop
-from ..wire import (APIError, APIRequest, check_size, checked, core_check, get_field, invalid,
-                    refuse_unknown, sampling_fields, sampling_params, unsupported)
+from ...engine.request import check_stop
+from ..wire import (APIError, APIRequest, check_size, checked, core_check, generation_request,
+                    get_field, invalid, refuse_unknown, sampling_fields, sampling_params,
+                    unsupported)
 
 SAMPLING = ("temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty",
             "repeat_last_n", "presence_penalty", "frequency_penalty")
@@ -81,8 +82,8 @@ def parse_infill(body: Any, n_ctx: int) -> InfillRequest:
         del values["seed"]
     stop = body.get("stop")
     stop = () if stop is None else core_check(check_stop, stop, "stop", one_string=False)
-    generation = GenerationRequest(
-        prefix + cursor, max_tokens=_max_tokens(n_predict, n_ctx),
+    generation = generation_request(
+        prefix + cursor, {"max_tokens": "n_predict"}, max_tokens=_max_tokens(n_predict, n_ctx),
         sampling=sampling_params(values, TEMPERATURE_MAX), raw=True, stop=stop,
         speculative=get_field(body, "speculative", "bool", True), suffix=suffix,
         infill_files=files)

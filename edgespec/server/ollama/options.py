@@ -17,8 +17,8 @@ from typing import Optional
 
 from ...config import TEMPERATURE_MAX, SamplingParams
 from ...engine.request import check_stop
-from ..wire import (SAMPLING_KINDS, checked, core_check, invalid, refuse_unknown, sampling_params,
-                    unsupported)
+from ..wire import (SAMPLING_KINDS, checked, core_check, invalid, num_ctx, refuse_unknown,
+                    sampling_params, unsupported)
 
 MAX_STOP_STRINGS = 16          # Ollama sets no bound; Modelfiles carry a handful
 
@@ -81,11 +81,9 @@ def parse_options(body: dict, n_ctx: int) -> Options:
     valid = "an integer: the most tokens to generate, or -1 or -2 (up to the context's end)"
     if predict < -2:
         raise invalid("options.num_predict", predict, valid)
-    num_ctx = values.get("num_ctx")
-    if num_ctx is not None and num_ctx < 1:
-        raise invalid("options.num_ctx", num_ctx, "an integer >= 1")
+    context = num_ctx(options.get("num_ctx"), "options.num_ctx")
     stop = options.get("stop")
     return Options(params, () if stop is None else core_check(
                        check_stop, stop, "options.stop", most=MAX_STOP_STRINGS),
                    # 0, -1 and -2 all run to the context's end, as in Ollama
-                   min(predict, n_ctx) if predict > 0 else n_ctx, num_ctx)
+                   min(predict, n_ctx) if predict > 0 else n_ctx, context)

@@ -29,15 +29,13 @@ from typing import Any, Optional
 from ...chat_template import new_call_id
 from ...constraints import Constraint
 from ...errors import ConstraintError
-from ...engine.request import GenerationRequest
 from ...thinking import LEVELS
 from ...tools import Tool, parse_tools
 from .options import parse_options
 from ..keep_alive import parse_keep_alive
-from ..wire import (APIError, APIRequest, check_size, checked, get_field, invalid,
-                    refuse_unknown, unsupported)
+from ..wire import (APIError, APIRequest, check_size, checked, generation_request, get_field,
+                    invalid, refuse_unknown, unsupported)
 
-MAX_TOP_LOGPROBS = 20          # Ollama's bound
 ROLES = ("system", "user", "assistant", "tool")
 THINK_LEVELS = LEVELS
 
@@ -46,6 +44,8 @@ _COMMON = {"model", "format", "options", "stream", "keep_alive", "think", "trunc
 CHAT_FIELDS = _COMMON | {"messages", "tools"}
 GENERATE_FIELDS = _COMMON | {"prompt", "suffix", "system", "template", "context", "raw",
                              "images", "width", "height", "steps"}
+# The request's names -> the fields an Ollama client sends for them
+_WIRE_NAMES = {"max_tokens": "options.num_predict", "logprobs": "top_logprobs"}
 
 
 @dataclass(frozen=True)
@@ -115,12 +115,11 @@ def _tools(body: dict) -> Optional[list[Tool]]:
 
 
 def _logprobs(body: dict) -> Optional[int]:
-    """Alternatives per token's log-probability (None: not asked for). As in Ollama,
-    ``top_logprobs`` only counts with ``logprobs: true``."""
+    """Alternatives per token's log-probability (None: not asked for), its range checked
+    where the request is made. As in Ollama, ``top_logprobs`` only counts with
+    ``logprobs: true``."""
     want = get_field(body, "logprobs", "bool", False)
     top = get_field(body, "top_logprobs", "int", 0)
-    if not 0 <= top <= MAX_TOP_LOGPROBS:
-        raise invalid("top_logprobs", top, f"an integer in [0, {MAX_TOP_LOGPROBS}]")
     return top if want else None
 
 
@@ -236,8 +235,8 @@ def _request(body: dict, model: str, kind: str, prompt: Any, n_ctx: int,
         raise APIError(400, "format and tools cannot both shape one answer: send one of them",
                        param="format", code="invalid_value")
     gen = None if prompt is None else APIRequest(
-        kind=kind, model=model, stream=stream, generation=GenerationRequest(
-            prompt, max_tokens=options.max_tokens, sampling=options.sampling,
+        kind=kind, model=model, stream=stream, generation=generation_request(
+            prompt, _WIRE_NAMES, max_tokens=options.max_tokens, sampling=options.sampling,
             raw=kind == "completion", stop=options.stop, constraint=constraint, tools=tools,
             tool_choice="auto" if tools else None,
             parallel_tool_calls=bool(tools),            # Ollama returns several calls

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from ... import config
 from ...config import SamplingParams
 from ...constraints import Constraint
 from ...errors import ConstraintError, InvalidParameterError
-from ...engine.request import GenerationRequest, check_max_tokens, check_stop
+from ...engine.request import check_stop
 from ...tools import Tool, parse_choice, parse_tools
-from ..wire import (APIError, APIRequest, check_size, checked, core_check, invalid, is_int,
-                    message_list, num_ctx, refuse_unknown, sampling_fields,
+from ..wire import (APIError, APIRequest, check_size, checked, core_check, generation_request,
+                    invalid, is_int, message_list, num_ctx, refuse_unknown, sampling_fields,
                     sampling_params, unsupported)
 
 TEMPERATURE_MAX = 2.0          # OpenAI's range; the engine itself allows more
@@ -47,7 +48,7 @@ _IGNORED = {"user", "metadata", "store", "service_tier"}
 CHAT_FIELDS = _COMMON | _IGNORED | {"messages", "max_completion_tokens", "top_logprobs",
                                     "tools", "tool_choice", "parallel_tool_calls", "functions",
                                     "function_call", "response_format", "reasoning_effort"}
-MAX_TOP_LOGPROBS = 20           # OpenAI's bound (5 on /v1/completions)
+COMPLETION_LOGPROBS = 5         # OpenAI's bound on /v1/completions (the engine's on chat)
 # OpenAI's reasoning efforts -> Ollama's think (edgespec.thinking): "none" is off
 EFFORTS = {"none": False, "minimal": "low", "low": "low", "medium": "medium", "high": "high"}
 COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "best_of", "suffix"}
@@ -123,21 +124,17 @@ def _tools(body: dict) -> tuple[Optional[list[Tool]], Optional[str]]:
     return parsed, choice
 
 
-def _logprobs(body: dict, kind: str) -> Optional[int]:
-    """How many alternatives each token's log-probability comes with (None: not asked)."""
+def _logprobs(body: dict, kind: str) -> tuple[Optional[int], str]:
+    """How many alternatives each token's log-probability comes with (None: not asked), and
+    the field that asked; its range is checked where the request is made."""
     if kind == "completion":        # the legacy API: logprobs is the number of alternatives
-        n = _optional(body, "logprobs", is_int, "an integer in [0, 5]")
-        if n is not None and not 0 <= n <= 5:
-            raise invalid("logprobs", n, "an integer in [0, 5]")
-        return n
+        return _optional(body, "logprobs", is_int, "an integer"), "logprobs"
     want = _optional(body, "logprobs", lambda v: isinstance(v, bool), "true or false")
-    top = _optional(body, "top_logprobs", is_int, f"an integer in [0, {MAX_TOP_LOGPROBS}]")
-    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
-        raise invalid("top_logprobs", top, f"an integer in [0, {MAX_TOP_LOGPROBS}]")
+    top = _optional(body, "top_logprobs", is_int, "an integer")
     if top is not None and not want:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs",
                        code="invalid_value")
-    return (top or 0) if want else None
+    return ((top or 0) if want else None), "top_logprobs"
 
 
 def _sampling(body: dict) -> SamplingParams:
@@ -152,13 +149,14 @@ def _stop(body: dict) -> tuple:
     return () if stop is None else core_check(check_stop, stop, "stop", most=MAX_STOP_STRINGS)
 
 
-def _max_tokens(body: dict, n_ctx: int, default: int) -> int:
+def _max_tokens(body: dict, default: int) -> tuple[int, str]:
+    """The most tokens to generate, and the field that asked (``max_completion_tokens``,
+    OpenAI's newer name, or ``max_tokens``); its range is checked where the request is made
+    (at most the context: OpenAI refuses more)."""
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None \
         else "max_tokens"
     value = body.get(name)
-    if value is None:
-        return default
-    return core_check(check_max_tokens, checked(name, value, "int"), name, most=n_ctx)
+    return (default if value is None else checked(name, value, "int")), name
 
 
 def _streaming(body: dict) -> tuple[bool, bool]:
@@ -227,23 +225,25 @@ def _common(body: dict, kind: str, prompt, n_ctx: int, default_max: int) -> APIR
         raise APIError(400, "response_format and tools cannot both shape one answer: send "
                             "one of them (or tool_choice 'none')", param="response_format",
                        code="invalid_value")
-    # checked in this order: a body with several mistakes is told of the first
-    max_tokens = _max_tokens(body, n_ctx, default_max)
+    # checked in this order (the ranges of max_tokens and logprobs as the request is made):
+    # a body with several mistakes is told of the first
+    max_tokens, max_name = _max_tokens(body, default_max)
     sampling = _sampling(body)
     stop = _stop(body)
-    logprobs = _logprobs(body, kind)
+    logprobs, logprobs_name = _logprobs(body, kind)
     # off unless asked for, as in llama.cpp's server (docs/api.md)
     parallel = _optional(body, "parallel_tool_calls", lambda v: isinstance(v, bool),
                          "true or false") is True
     speculative = _optional(body, "speculative", lambda v: isinstance(v, bool),
                             "true or false") is not False
     context = num_ctx(body.get("num_ctx"), "num_ctx")
-    generation = GenerationRequest(prompt, max_tokens=max_tokens, sampling=sampling,
-                                   speculative=speculative, raw=kind == "completion", stop=stop,
-                                   constraint=constraint, tools=tools, tool_choice=choice,
-                                   parallel_tool_calls=parallel, logprobs=logprobs,
-                                   think=_think(body) if kind == "chat" else None,
-                                   suffix=_suffix(body) if kind == "completion" else None)
+    generation = generation_request(
+        prompt, {"max_tokens": max_name, "logprobs": logprobs_name}, max_tokens=max_tokens,
+        sampling=sampling, speculative=speculative, raw=kind == "completion", stop=stop,
+        constraint=constraint, tools=tools, tool_choice=choice, parallel_tool_calls=parallel,
+        logprobs=logprobs, think=_think(body) if kind == "chat" else None,
+        suffix=_suffix(body) if kind == "completion" else None, context=n_ctx,
+        logprobs_max=COMPLETION_LOGPROBS if kind == "completion" else config.MAX_LOGPROBS)
     return APIRequest(kind=kind, model=body.get("model"), generation=generation, stream=stream,
                       include_usage=include_usage, num_ctx=context)
 
