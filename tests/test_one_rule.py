@@ -17,7 +17,7 @@ import pytest
 from edgespec import Engine, GenerationRequest, SamplingParams
 from edgespec.cli import main
 from edgespec.errors import InvalidParameterError
-from edgespec.server.llamacpp_request import parse_infill
+from edgespec.server.llamacpp.request import parse_infill
 import test_one_request
 from test_one_request import HI, Seen
 
