@@ -26,7 +26,6 @@ at least as many tokens in expectation. Greedy and seeded decoding have their ow
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 import numpy as np
@@ -34,68 +33,13 @@ import numpy as np
 from .config import VERIFIERS, SamplingParams
 from .drafting import Draft, Drafter
 from .lm import LanguageModel
+from .results import LoopStats, Round, Step
 from .sampling import log_probs, masked_argmax
 from .verify import (TargetRows, speculative_sampling, verify_block, verify_greedy,
                      verify_keyed)
 
 if TYPE_CHECKING:
     from .constraints import GrammarState
-
-
-@dataclass(frozen=True)
-class Round:
-    """One verify round, told with the token that ends it: the tokens drafted (``drafted``,
-    K of them; none in a plain round), how many the target accepted, and where the drafts
-    came from (``"model"``, ``"ngram"``, or ``"none"``). The token that carries it is the
-    target's own: the replacement for the first rejected draft, or the bonus token."""
-
-    drafted: tuple
-    accepted: int
-    source: str
-
-
-@dataclass
-class Step:
-    """One committed token. ``from_draft``: proposed by the drafter and accepted.
-    ``logprob``: (its log probability, the top alternatives), when asked for. ``round``: on
-    the target's own token that ends a round, that round."""
-
-    token: int
-    from_draft: bool
-    logprob: Optional[tuple[float, list]] = None
-    round: Optional[Round] = None
-
-
-@dataclass
-class LoopStats:
-    """Counters of one :func:`decode` run (times in seconds)."""
-
-    rounds: int = 0
-    target_passes: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    emitted: int = 0
-    draft_seconds: float = 0.0
-    verify_seconds: float = 0.0
-    # tested_at[i]: rounds in which draft i (0-based) was checked, i.e. drafts 0..i-1 were
-    # accepted; accepted_at[i]: rounds in which it was accepted. Their ratio is the acceptance
-    # rate at each position, given that the earlier ones were accepted.
-    tested_at: list[int] = field(default_factory=list)
-    accepted_at: list[int] = field(default_factory=list)
-    # Rounds that drafted nothing (K = 0) and their verify passes' seconds: what a plain
-    # target pass costs here and now, the reference for the estimated speed-up.
-    plain_passes: int = 0
-    plain_seconds: float = 0.0
-    # Committed tokens the draft model evaluated to reach the context beyond the last one (a
-    # long prompt's in chunks between plain rounds, when catching up paid).
-    caught_up: int = 0
-
-    def record_round(self, k: int, n: int) -> None:
-        for counts, upto in ((self.tested_at, min(n + 1, k)), (self.accepted_at, n)):
-            if len(counts) < upto:
-                counts.extend([0] * (upto - len(counts)))
-            for i in range(upto):
-                counts[i] += 1
 
 
 def decode(target: LanguageModel, context: list[int], *, params: SamplingParams,

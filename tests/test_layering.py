@@ -175,7 +175,8 @@ def test_the_loop_and_drafters_run_without_llama_cpp():
         from edgespec.config import SamplingParams
         from edgespec.drafting import (FixedLength, HybridDrafter, ModelDrafter,
                                        NgramDrafter)
-        from edgespec.speculative import LoopStats, decode
+        from edgespec.results import LoopStats
+        from edgespec.speculative import decode
         from markov import MarkovLM
 
         rng = np.random.default_rng(0)

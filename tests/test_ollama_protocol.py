@@ -25,7 +25,7 @@ from edgespec.server.ollama_replies import (OLLAMA_VERSION, OllamaReply, calls_t
 from edgespec.server.ollama_request import (FOREVER, calls_to_openai, parse_keep_alive,
                                             parse_ollama_chat, parse_ollama_generate)
 from edgespec.server.wire import APIError
-from edgespec.speculative import LoopStats
+from edgespec.results import LoopStats
 from edgespec.tools import ToolCall
 
 N_CTX = 4096

@@ -25,7 +25,8 @@ from edgespec.errors import EngineBusyError
 from edgespec.drafting import AdaptiveLength, Costs, FixedLength, ModelDrafter
 from edgespec.drafting.batch import Ask, BatchCosts, plan_round
 from edgespec.engine.lanes import Lanes
-from edgespec.speculative import LoopStats, decode
+from edgespec.results import LoopStats
+from edgespec.speculative import decode
 
 from markov import MarkovContext
 from test_lossless_stats import MAIN, N_NEW, N_RUNS, check_caught, check_matches_plain

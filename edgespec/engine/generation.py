@@ -19,9 +19,9 @@ from .lanes import Lane, Lanes
 from ..lm import LanguageModel, LoadedModel
 from ..prompt_cache import PromptCache, common_prefix
 from .request import Prepared
-from ..results import Generation, GenerationStats, StreamEvent, TokenLogprob
+from ..results import Generation, GenerationStats, LoopStats, StreamEvent, TokenLogprob
 from .rounds import Cancelled
-from ..speculative import LoopStats, decode
+from ..speculative import decode
 from .streams import Job
 from ..textstream import TextAssembler
 
