@@ -297,11 +297,11 @@ class Engine:
         checks, errors and stream."""
         self._check_open()
         with self.lanes.rounds.arriving() as arrival:   # a prompt pass waits a moment for it
-            run, thinking = self._prompter.prepare(req, self.n_ctx, speculation=(
+            prepared, thinking = self._prompter.prepare(req, self.n_ctx, speculation=(
                 self._drafting.speculation(req.sampling, req.index_key) if req.speculative
                 else None))
-        job = Job(self.lanes, not_started(run), arrival)
-        events = run_generation(job, self.lanes, run, self.prompt_cache)
+        job = Job(self.lanes, not_started(prepared), arrival)
+        events = run_generation(job, self.lanes, prepared, self.prompt_cache)
         return Stream(job, thinking.events(events) if thinking is not None else events)
 
     def request_tokens(self, req: GenerationRequest) -> list[int]:
