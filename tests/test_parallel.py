@@ -132,8 +132,8 @@ def test_a_prompt_chunk_is_counted_by_its_tokens_and_teaches_no_cost():
     rounds = Rounds([model], on_pass=lambda *a: told.append(a))
     member = Member()
     rounds.join(member)
-    rounds.decode(member, model, model.sequences[0], [1, 2, 3, 1, 2, 3], 0)
-    rounds.decode(member, model, model.sequences[0], [1, 2], 2)
+    rounds.eval_part(member, model, model.sequences[0], [1, 2, 3, 1, 2, 3], 0)
+    rounds.eval_part(member, model, model.sequences[0], [1, 2], 2)
     rounds.leave(member)
     assert rounds.rows_per_pass == [6, 2]
     assert [(target, rows) for target, rows, _, _ in told] == [(True, 2)]
@@ -155,7 +155,7 @@ def test_a_prompt_pass_waits_for_a_stream_on_its_way_in_no_longer_than_its_hold(
         time.sleep(after)
         member.prompting = True
         rounds.join(member, arrival)
-        rounds.decode(member, model, model.sequences[seq], tokens, 1)
+        rounds.eval_part(member, model, model.sequences[seq], tokens, 1)
         member.prompting = False
         rounds.parked(member)               # (its reader has the first token)
 
