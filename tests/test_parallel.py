@@ -331,25 +331,25 @@ def test_blas_runs_on_one_thread_while_an_engine_is_open(eng):
     from threadpoolctl import threadpool_info
 
     from edgespec.drafting.reduced_head import OneThreadBlas
-    from edgespec.engine.threads import BlasOnOneThread
+    from edgespec.engine.threads import BlasHold
     blas = [i for i in threadpool_info() if i["user_api"] == "blas"]
     assert blas and all(i["num_threads"] == 1 for i in blas)
     libs = OneThreadBlas.libraries()
     assert libs
-    holders, before = BlasOnOneThread._holders, BlasOnOneThread._before
+    holders, before = BlasHold._holders, BlasHold._before
     try:
         # As if no Engine were open, with a count of 2: two engines open, then closed.
-        BlasOnOneThread._holders, BlasOnOneThread._before = 0, []
+        BlasHold._holders, BlasHold._before = 0, []
         for lib in libs:
             lib.set_num_threads(2)
-        BlasOnOneThread.acquire()
-        BlasOnOneThread.acquire()
-        BlasOnOneThread.release()
+        BlasHold.acquire()
+        BlasHold.acquire()
+        BlasHold.release()
         assert [lib.get_num_threads() for lib in libs] == [1] * len(libs)
-        BlasOnOneThread.release()
+        BlasHold.release()
         assert [lib.get_num_threads() for lib in libs] == [2] * len(libs)
     finally:
-        BlasOnOneThread._holders, BlasOnOneThread._before = holders, before
+        BlasHold._holders, BlasHold._before = holders, before
         for lib in libs:
             lib.set_num_threads(1)
 

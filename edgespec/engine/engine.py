@@ -43,7 +43,7 @@ from .prompting import Prompter
 from .request import GenerationRequest, Prompt
 from ..results import Generation
 from .streams import AsyncStream, Job, Stream
-from .threads import BlasOnOneThread, EngineThreads
+from .threads import BlasHold, EngineThreads
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class Engine:
         self._embedder = Embedder.sharing(target)
         self._closed = False
         _open_engines.add(self)
-        BlasOnOneThread.acquire()
+        BlasHold.acquire()
 
     # -- construction ---------------------------------------------------------------------
 
@@ -376,7 +376,7 @@ class Engine:
             self.target.close()
         release_free_heap()
         _open_engines.discard(self)
-        BlasOnOneThread.release()
+        BlasHold.release()
 
     def __enter__(self) -> "Engine":
         return self
