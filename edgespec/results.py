@@ -1,20 +1,77 @@
 """What a generation gives back: :class:`Generation` (text, tokens, why it ended, stats),
-:class:`GenerationStats`, and the :class:`StreamEvent` pieces of a stream."""
+:class:`GenerationStats`, and the :class:`StreamEvent` pieces of a stream; and the records the
+decoding loop (:func:`edgespec.speculative.decode`) produces on the way: the :class:`Step`
+it yields per committed token, the :class:`Round` that ends a verify round, and its counters
+:class:`LoopStats`. They live here, below the loop, so that plain results do not import it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .speculative import LoopStats, Round
+
+@dataclass(frozen=True)
+class Round:
+    """One verify round, told with the token that ends it: the tokens drafted (``drafted``,
+    K of them; none in a plain round), how many the target accepted, and where the drafts
+    came from (``"model"``, ``"ngram"``, or ``"none"``). The token that carries it is the
+    target's own: the replacement for the first rejected draft, or the bonus token."""
+
+    drafted: tuple
+    accepted: int
+    source: str
+
+
+@dataclass
+class Step:
+    """One committed token. ``from_draft``: proposed by the drafter and accepted.
+    ``logprob``: (its log probability, the top alternatives), when asked for. ``round``: on
+    the target's own token that ends a round, that round."""
+
+    token: int
+    from_draft: bool
+    logprob: Optional[tuple[float, list]] = None
+    round: Optional[Round] = None
+
+
+@dataclass
+class LoopStats:
+    """Counters of one :func:`~edgespec.speculative.decode` run (times in seconds)."""
+
+    rounds: int = 0
+    target_passes: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    emitted: int = 0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    # tested_at[i]: rounds in which draft i (0-based) was checked, i.e. drafts 0..i-1 were
+    # accepted; accepted_at[i]: rounds in which it was accepted. Their ratio is the acceptance
+    # rate at each position, given that the earlier ones were accepted.
+    tested_at: list[int] = field(default_factory=list)
+    accepted_at: list[int] = field(default_factory=list)
+    # Rounds that drafted nothing (K = 0) and their verify passes' seconds: what a plain
+    # target pass costs here and now, the reference for the estimated speed-up.
+    plain_passes: int = 0
+    plain_seconds: float = 0.0
+    # Committed tokens the draft model evaluated to reach the context beyond the last one (a
+    # long prompt's in chunks between plain rounds, when catching up paid).
+    caught_up: int = 0
+
+    def record_round(self, k: int, n: int) -> None:
+        for counts, upto in ((self.tested_at, min(n + 1, k)), (self.accepted_at, n)):
+            if len(counts) < upto:
+                counts.extend([0] * (upto - len(counts)))
+            for i in range(upto):
+                counts[i] += 1
+
 
 @dataclass
 class GenerationStats:
     """What one generation cost and how speculation did (times in seconds).
 
-    The decoding loop's own counters are in ``loop`` (:class:`~edgespec.speculative.
-    LoopStats`) and read through the properties ``drafted``, ``accepted``, ``target_passes``
-    and the rest.
+    The decoding loop's own counters are in ``loop`` (:class:`LoopStats`) and read through
+    the properties ``drafted``, ``accepted``, ``target_passes`` and the rest.
     """
 
     prompt_tokens: int = 0
@@ -244,7 +301,7 @@ class StreamEvent:
     character or a possible stop string is incomplete); ``from_draft``: the token was proposed
     by the drafter and accepted by the target; ``logprob``: its log probability (when
     asked for); ``round``: on the target's own token that ends a verify round, that round
-    (:class:`~edgespec.speculative.Round`: what was drafted, how much was accepted);
+    (:class:`Round`: what was drafted, how much was accepted);
     ``thinking``: reasoning text released with it (a thinking model's, separated from the
     answer's ``text``: :mod:`edgespec.thinking`)."""
 

@@ -71,7 +71,8 @@ from edgespec.drafting import costs as costs_module
 from edgespec.drafting.base import Draft
 from edgespec.drafting.policy import AdaptiveLength
 from edgespec.sampling import Dist
-from edgespec.speculative import LoopStats, decode
+from edgespec.results import LoopStats
+from edgespec.speculative import decode
 from edgespec.registry import model_path
 
 GREEDY = SamplingParams(temperature=0.0)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from edgespec import SamplingParams
-from edgespec.bench.task_bench import (Cell, edit_budget, format_task_report, limits_note,
+from edgespec.bench.task_bench import (TaskCell, edit_budget, format_task_report, limits_note,
                                        summarise, task_configs)
 from edgespec.bench.tasks import (CODE_EDITS, EDIT_KINDS, LANGUAGES, LAYOUTS, TASKS, CodeEdit,
                                   as_raw, document, task_prompts)
@@ -136,7 +136,7 @@ def test_the_oracle_is_the_best_other_configuration_per_task():
     assert default == "hybrid"          # the Engine's default drafter, adaptive
 
     def cells(seconds: dict, drafted=10, accepted=5) -> dict:
-        return {n: Cell(runs=2, seconds=seconds.get(n, 2.0), drafted=drafted,
+        return {n: TaskCell(runs=2, seconds=seconds.get(n, 2.0), drafted=drafted,
                         accepted=accepted) for n in names}
     res = summarise({"qa": cells({"plain": 2.0, "K=2": 1.0, "K=4": 4.0, default: 0.5}),
                      "math": cells({"plain": 3.0, "K=2": 6.0, "K=4": 2.0, default: 3.0},
@@ -169,7 +169,7 @@ def test_where_the_time_went_is_each_parts_share_of_the_whole_answers():
         completion_tokens, drafted, accepted = 50, 40, 30
         prompt_seconds, draft_seconds, verify_seconds = 1.0, 0.5, 2.0
         decode_seconds = 2.8
-    c = Cell()
+    c = TaskCell()
     c.add(S, 4.0)
     c.add(S, 4.0)
     b = c.breakdown()

@@ -22,7 +22,8 @@ from edgespec.constraints import Constraint, GrammarState
 from edgespec.drafting import FixedLength, ModelDrafter
 from edgespec.errors import ConstraintError
 from edgespec.sampling import warp
-from edgespec.speculative import LoopStats, decode
+from edgespec.results import LoopStats
+from edgespec.speculative import decode
 
 from goodness import ALPHA, excess, g_test
 from markov import MarkovLM, softmax

@@ -482,7 +482,8 @@ def _sevens_loop(policy, prompt_len, max_new, n_vocab=400, drafter=None, cycle=F
     sevens draft (none of the prompt in its cache): the steps and the loop's counters. As
     the engine does, the prompt pass includes the last prompt token and its row gives the
     first token (``prompt_row=False``: the pass stops before it, as a bare loop may)."""
-    from edgespec.speculative import LoopStats, decode
+    from edgespec.results import LoopStats
+    from edgespec.speculative import decode
     table = np.zeros((n_vocab, n_vocab), dtype=np.float32)
     if cycle:
         table[np.arange(100, 350), np.r_[101:350, 100]] = 10.0

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from edgespec.results import GenerationStats
-from edgespec.speculative import LoopStats
+from edgespec.results import LoopStats
 from edgespec.tui.render import speedup_basis, status_line
 
 NOT_PAYING = "the draft does not pay on this machine now: decoding plainly"

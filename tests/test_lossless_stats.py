@@ -39,7 +39,8 @@ from edgespec.drafting import (AdaptiveLength, Costs, FixedLength, HybridDrafter
 from edgespec.drafting.suffix import SuffixIndex
 from edgespec.sampling import Dist
 from edgespec.verify import residual
-from edgespec.speculative import LoopStats, decode
+from edgespec.results import LoopStats
+from edgespec.speculative import decode
 
 from goodness import ALPHA, excess, g_test, transition_test
 from markov import MarkovLM, softmax

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from edgespec.config import SpecConfig
 from edgespec.results import GenerationStats
 from edgespec.server.metrics import TOKEN_GAP_BUCKETS, Metrics
-from edgespec.speculative import LoopStats
+from edgespec.results import LoopStats
 
 
 def samples(metrics: Metrics) -> dict[tuple[str, frozenset], float]:

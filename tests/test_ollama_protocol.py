@@ -26,7 +26,7 @@ from edgespec.server.ollama.replies import (OLLAMA_VERSION, OllamaReply, calls_t
 from edgespec.server.ollama.request import calls_to_openai, parse_ollama_chat, parse_ollama_generate
 from edgespec.server.reply_fields import rfc3339
 from edgespec.server.wire import APIError
-from edgespec.speculative import LoopStats
+from edgespec.results import LoopStats
 from edgespec.tools import ToolCall
 
 N_CTX = 4096

@@ -29,9 +29,9 @@ class Seen:
             post_init(req, *bounds)
             self.made.append(req)
         monkeypatch.setattr(GenerationRequest, "__post_init__", recording_post_init)
-        run_decode, loop = generation_module._Run.decode, generation_module.decode
+        run_events, loop = generation_module._Run.events, generation_module.decode
 
-        def recording_run_decode(run):
+        def recording_run_events(run):
             handed = {}
 
             def recording_loop(*args, **kw):
@@ -39,15 +39,15 @@ class Seen:
                 return loop(*args, **kw)
             generation_module.decode = recording_loop
             try:
-                steps = run_decode(run)
+                steps = run_events(run)
                 first = next(steps, None)         # the loop is built before the first step
             finally:
                 generation_module.decode = loop
-            self.decoded.append((run.req.request, handed["params"], handed["max_tokens"]))
+            self.decoded.append((run.prepared.request, handed["params"], handed["max_tokens"]))
             if first is not None:
                 yield first
                 yield from steps
-        monkeypatch.setattr(generation_module._Run, "decode", recording_run_decode)
+        monkeypatch.setattr(generation_module._Run, "events", recording_run_events)
 
     def clear(self):
         self.made.clear()

@@ -25,7 +25,8 @@ from edgespec.errors import EngineBusyError
 from edgespec.drafting import AdaptiveLength, Costs, FixedLength, ModelDrafter
 from edgespec.drafting.batch import Ask, BatchCosts, plan_round
 from edgespec.engine.lanes import Lanes
-from edgespec.speculative import LoopStats, decode
+from edgespec.results import LoopStats
+from edgespec.speculative import decode
 
 from markov import MarkovContext
 from test_lossless_stats import MAIN, N_NEW, N_RUNS, check_caught, check_matches_plain
@@ -131,8 +132,8 @@ def test_a_prompt_chunk_is_counted_by_its_tokens_and_teaches_no_cost():
     rounds = Rounds([model], on_pass=lambda *a: told.append(a))
     member = Member()
     rounds.join(member)
-    rounds.decode(member, model, model.sequences[0], [1, 2, 3, 1, 2, 3], 0)
-    rounds.decode(member, model, model.sequences[0], [1, 2], 2)
+    rounds.eval_part(member, model, model.sequences[0], [1, 2, 3, 1, 2, 3], 0)
+    rounds.eval_part(member, model, model.sequences[0], [1, 2], 2)
     rounds.leave(member)
     assert rounds.rows_per_pass == [6, 2]
     assert [(target, rows) for target, rows, _, _ in told] == [(True, 2)]
@@ -154,7 +155,7 @@ def test_a_prompt_pass_waits_for_a_stream_on_its_way_in_no_longer_than_its_hold(
         time.sleep(after)
         member.prompting = True
         rounds.join(member, arrival)
-        rounds.decode(member, model, model.sequences[seq], tokens, 1)
+        rounds.eval_part(member, model, model.sequences[seq], tokens, 1)
         member.prompting = False
         rounds.parked(member)               # (its reader has the first token)
 
@@ -330,25 +331,25 @@ def test_blas_runs_on_one_thread_while_an_engine_is_open(eng):
     from threadpoolctl import threadpool_info
 
     from edgespec.drafting.reduced_head import OneThreadBlas
-    from edgespec.engine.threads import BlasOnOneThread
+    from edgespec.engine.threads import BlasHold
     blas = [i for i in threadpool_info() if i["user_api"] == "blas"]
     assert blas and all(i["num_threads"] == 1 for i in blas)
     libs = OneThreadBlas.libraries()
     assert libs
-    holders, before = BlasOnOneThread._holders, BlasOnOneThread._before
+    holders, before = BlasHold._holders, BlasHold._before
     try:
         # As if no Engine were open, with a count of 2: two engines open, then closed.
-        BlasOnOneThread._holders, BlasOnOneThread._before = 0, []
+        BlasHold._holders, BlasHold._before = 0, []
         for lib in libs:
             lib.set_num_threads(2)
-        BlasOnOneThread.acquire()
-        BlasOnOneThread.acquire()
-        BlasOnOneThread.release()
+        BlasHold.acquire()
+        BlasHold.acquire()
+        BlasHold.release()
         assert [lib.get_num_threads() for lib in libs] == [1] * len(libs)
-        BlasOnOneThread.release()
+        BlasHold.release()
         assert [lib.get_num_threads() for lib in libs] == [2] * len(libs)
     finally:
-        BlasOnOneThread._holders, BlasOnOneThread._before = holders, before
+        BlasHold._holders, BlasHold._before = holders, before
         for lib in libs:
             lib.set_num_threads(1)
 

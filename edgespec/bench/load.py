@@ -48,7 +48,7 @@ class BusyProcesses:
 
 
 @dataclass
-class Cell:
+class LoadCell:
     tokens: int = 0
     seconds: float = 0.0
     threads: list = field(default_factory=list)   # threads in use after each generation
@@ -79,13 +79,13 @@ def run_load_bench(engine, prompts: list[str], *, load: int, max_tokens: int, ra
     default = f"pinned {most}"          # what a plain load gives: every core
     greedy = SamplingParams(temperature=0.0)
     conditions = ["idle", f"{load} busy"]
-    cells = {(c, s, m): Cell() for c in conditions for s, _ in settings
+    cells = {(c, s, m): LoadCell() for c in conditions for s, _ in settings
              for m in ("plain", "speculative")}
     peer = None
     if peers:
         peer = LlamaCppPythonPeer(engine.target.path, n_ctx=2048, n_threads=most,
                                   cpu_extra_buffers=engine.target.config.cpu_extra_buffers)
-        cells.update({(c, "llama-cpp-python", "plain"): Cell() for c in conditions})
+        cells.update({(c, "llama-cpp-python", "plain"): LoadCell() for c in conditions})
     token_prompts = [engine.prompt_tokens(p, raw=raw) for p in prompts]
     costs = engine._drafting.costs          # None with a pinned draft length
     own_costs: dict = {}

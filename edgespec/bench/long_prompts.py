@@ -231,6 +231,18 @@ def run_long_prompt_bench(engine, *, prompt_lengths: list[int], new_tokens: list
                         f"{p.whole_seconds / p.runs:.2f} s / {s.whole_seconds / s.runs:.2f} s")
     finally:
         cold(engine)
+    return {"sweep": _sweep_rows(cells, prompts),
+            "first_token": _first_token_medians(cells, prompt_lengths, new_tokens),
+            "prompt_lengths": list(prompt_lengths), "new_tokens": list(new_tokens),
+            "prompts_per_length": repeats,
+            "drafter": str(engine.spec.drafter), "n_ctx": engine.n_ctx,
+            "temperature": sampling.temperature,
+            "source": f"pydoc_data.topics (Python {sys.version_info[0]}."
+                      f"{sys.version_info[1]} documentation)"}
+
+
+def _sweep_rows(cells: dict, prompts: dict) -> list[dict]:
+    """Each (prompt length, answer length) cell's figures, both modes', and their ratios."""
     rows = []
     for (L, N), sides in cells.items():
         plain, spec = sides["plain"].row(False), sides["speculative"].row(True)
@@ -245,9 +257,14 @@ def run_long_prompt_bench(engine, *, prompt_lengths: list[int], new_tokens: list
             "whole_ratio_median": median(
                 b / a for a, b in zip(sides["plain"].whole_samples,
                                       sides["speculative"].whole_samples))})
-    # The time to first token does not depend on the answer's length: each prompt length's
-    # every sample, both modes, and the ratio of their medians (one disturbed prompt pass on a
-    # shared machine moves a cell's mean, not this).
+    return rows
+
+
+def _first_token_medians(cells: dict, prompt_lengths: list[int],
+                         new_tokens: list[int]) -> list[dict]:
+    """Per prompt length, each mode's median time to the first token over all its samples
+    (it does not depend on the answer's length) and the ratio of the medians: one disturbed
+    prompt pass on a shared machine moves a cell's mean, not this."""
     first_token = []
     for L in prompt_lengths:
         plain, spec = ([x for N in new_tokens for x in cells[(L, N)][m].first_token_samples]
@@ -255,12 +272,7 @@ def run_long_prompt_bench(engine, *, prompt_lengths: list[int], new_tokens: list
         first_token.append({"prompt_length": L, "samples": len(plain),
                             "plain_median": median(plain), "speculative_median": median(spec),
                             "ratio": _ratio(median(spec), median(plain))})
-    return {"sweep": rows, "first_token": first_token, "prompt_lengths": list(prompt_lengths),
-            "new_tokens": list(new_tokens), "prompts_per_length": repeats,
-            "drafter": str(engine.spec.drafter), "n_ctx": engine.n_ctx,
-            "temperature": sampling.temperature,
-            "source": f"pydoc_data.topics (Python {sys.version_info[0]}."
-                      f"{sys.version_info[1]} documentation)"}
+    return first_token
 
 
 def format_long_prompt_report(res: dict) -> str:

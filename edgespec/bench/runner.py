@@ -30,7 +30,7 @@ PEER_LOOKUP = "llama-cpp-python+lookup"
 
 
 @dataclass
-class Totals:
+class ConfigTotals:
     """Summed measurements of one configuration over all prompts."""
 
     tokens: int = 0
@@ -114,7 +114,7 @@ def position_acceptance(tested_at: list, accepted_at: list) -> list[float]:
     return [a / t for t, a in zip(tested_at, accepted_at + [0] * len(tested_at)) if t]
 
 
-def predicted_speedup(costs, t: Totals, draft_cost: float) -> Optional[float]:
+def predicted_speedup(costs, t: ConfigTotals, draft_cost: float) -> Optional[float]:
     """Cost-model speedup of a run with its observed drafts and tokens per pass."""
     if not t.passes or costs is None:
         return None
@@ -142,7 +142,6 @@ def run_bench(engine, prompts: list[str], *, max_tokens: int, sampling: Sampling
     beside the unseeded runs."""
     seed = sampling.seed if sampling.seed is not None else 1234
     sampling = sampling.replace(seed=None)
-    from ..backend.peer import LlamaCppPythonPeer
     from ..drafting import Costs, calibrate
 
     configs = make_configs(ks, engine.draft is not None, peers, constraint is not None,
@@ -150,36 +149,22 @@ def run_bench(engine, prompts: list[str], *, max_tokens: int, sampling: Sampling
     engines = config_engines(engine, configs)
     peer_objs = {}
     try:
-        for c in configs:
-            if c.peer:
-                peer_objs[c.name] = LlamaCppPythonPeer(
-                    engine.target.path, n_ctx=2048, n_threads=engine.target.config.n_threads,
-                    prompt_lookup=c.peer == "lookup",
-                    cpu_extra_buffers=engine.target.config.cpu_extra_buffers)
+        _open_peers(engine, configs, peer_objs)
         # The cost model's prediction needs costs measured on this run's machine state:
         # calibrate before and after the runs and average (a cached calibration can be days
         # old, and a shared machine's speed drifts by tens of percent).
         before = calibrate(engine.target, engine.draft, head=engine.draft_head).costs
-        totals = {c.name: Totals() for c in configs}
+        totals = {c.name: ConfigTotals() for c in configs}
         token_prompts = [engine.prompt_tokens(p, raw=raw) for p in prompts]
         for r in range(repeats):
             for i, prompt in enumerate(prompts):
                 shift = (i + r) % len(configs)
                 for c in configs[shift:] + configs[:shift]:
-                    if c.peer:
-                        totals[c.name].add_peer(*peer_objs[c.name].generate(
-                            token_prompts[i], max_tokens))
-                        continue
-                    eng = engines.get(c.name, engine)
-                    out = eng.generate(prompt, max_tokens=max_tokens,
-                                       sampling=sampling.replace(seed=seed + i) if c.seeded
-                                       else sampling,
-                                       raw=raw, speculative=c.spec is not None,
-                                       constraint=constraint if c.constrained else None)
-                    totals[c.name].add(out.stats)
-                    if c.constrained:
-                        totals[c.name].outputs += 1
-                        totals[c.name].valid += _valid(constraint, out)
+                    _run_config(c, engines.get(c.name, engine), peer_objs.get(c.name),
+                                totals[c.name], prompt, token_prompts[i],
+                                max_tokens=max_tokens, raw=raw, constraint=constraint,
+                                sampling=sampling.replace(seed=seed + i) if c.seeded
+                                else sampling)
                 log(f"  prompt {i + 1}/{len(prompts)}" + (f" (repeat {r + 1})" if repeats > 1
                                                           else "") + ": " +
                     ", ".join(f"{c.name} {totals[c.name].per_prompt[-1]:.1f}" for c in configs)
@@ -191,34 +176,8 @@ def run_bench(engine, prompts: list[str], *, max_tokens: int, sampling: Sampling
         for p in peer_objs.values():
             p.close()
 
-    rows = {}
-    for c in configs:
-        t = totals[c.name]
-        base = totals[c.baseline].tps
-        row = {"tokens_per_second": t.tps, "speedup": t.tps / base if base else 0.0,
-               "tokens": t.tokens}
-        if c.spec is not None or c.name.startswith("plain"):
-            row["outside_llama_share"] = 1 - t.llama_seconds / t.seconds if t.seconds else 0
-            # of which the draft's reduced output layer (model compute done in numpy)
-            row["draft_head_share"] = t.head_seconds / t.seconds if t.seconds else 0
-        if c.constrained:
-            row["grammar_share"] = t.grammar_seconds / t.seconds if t.seconds else 0
-            row["valid_outputs"] = f"{t.valid}/{t.outputs}"
-        if c.spec is not None:
-            draft_cost = (costs.draft if c.spec.drafter is DrafterKind.MODEL else
-                          t.draft_seconds / t.drafted if t.drafted else 0.0)
-            row.update({
-                "acceptance_rate": t.accepted / t.drafted if t.drafted else 0.0,
-                "tokens_per_pass": t.tokens / t.passes if t.passes else 0.0,
-                "drafts_per_pass": t.drafted / t.passes if t.passes else 0.0,
-                "acceptance_by_position": position_acceptance(t.tested_at, t.accepted_at),
-                "predicted_speedup": predicted_speedup(costs, t, draft_cost),
-            })
-        if c.k is not None:
-            row["k"] = c.k
-        rows[c.name] = row
     return {
-        "configs": rows,
+        "configs": {c.name: _config_row(c, totals, costs) for c in configs},
         "costs": {"target_seconds_by_batch": dict(sorted(costs.target.items())),
                   "draft_seconds_per_token": costs.draft,
                   "draft_to_target_cost": costs.draft / costs.pass_seconds(1)},
@@ -228,6 +187,63 @@ def run_bench(engine, prompts: list[str], *, max_tokens: int, sampling: Sampling
         "model_files_mib": sum(Path(m.path).stat().st_size for m in
                                (engine.target, engine.draft) if m) / 2**20,
     }
+
+
+def _open_peers(engine, configs: list[Config], peer_objs: dict) -> None:
+    """A llama-cpp-python peer on the target's file for each peer configuration, into
+    ``peer_objs`` as each opens (so that the caller closes those that opened if one fails)."""
+    from ..backend.peer import LlamaCppPythonPeer
+    for c in configs:
+        if c.peer:
+            peer_objs[c.name] = LlamaCppPythonPeer(
+                engine.target.path, n_ctx=2048, n_threads=engine.target.config.n_threads,
+                prompt_lookup=c.peer == "lookup",
+                cpu_extra_buffers=engine.target.config.cpu_extra_buffers)
+
+
+def _run_config(c: Config, eng, peer, totals: ConfigTotals, prompt: str, token_prompt: list[int], *,
+                max_tokens: int, sampling: SamplingParams, raw: bool, constraint) -> None:
+    """Decode one prompt in configuration ``c`` (on its Engine ``eng``, or its ``peer``) and
+    add the measurements to its ``totals``."""
+    if c.peer:
+        totals.add_peer(*peer.generate(token_prompt, max_tokens))
+        return
+    out = eng.generate(prompt, max_tokens=max_tokens, sampling=sampling, raw=raw,
+                       speculative=c.spec is not None,
+                       constraint=constraint if c.constrained else None)
+    totals.add(out.stats)
+    if c.constrained:
+        totals.outputs += 1
+        totals.valid += _valid(constraint, out)
+
+
+def _config_row(c: Config, totals: dict, costs) -> dict:
+    """One configuration's figures: speed and speedup over its baseline, the shares of time
+    outside llama.cpp, and for speculation its acceptance and the cost model's prediction."""
+    t = totals[c.name]
+    base = totals[c.baseline].tps
+    row = {"tokens_per_second": t.tps, "speedup": t.tps / base if base else 0.0,
+           "tokens": t.tokens}
+    if c.spec is not None or c.name.startswith("plain"):
+        row["outside_llama_share"] = 1 - t.llama_seconds / t.seconds if t.seconds else 0
+        # of which the draft's reduced output layer (model compute done in numpy)
+        row["draft_head_share"] = t.head_seconds / t.seconds if t.seconds else 0
+    if c.constrained:
+        row["grammar_share"] = t.grammar_seconds / t.seconds if t.seconds else 0
+        row["valid_outputs"] = f"{t.valid}/{t.outputs}"
+    if c.spec is not None:
+        draft_cost = (costs.draft if c.spec.drafter is DrafterKind.MODEL else
+                      t.draft_seconds / t.drafted if t.drafted else 0.0)
+        row.update({
+            "acceptance_rate": t.accepted / t.drafted if t.drafted else 0.0,
+            "tokens_per_pass": t.tokens / t.passes if t.passes else 0.0,
+            "drafts_per_pass": t.drafted / t.passes if t.passes else 0.0,
+            "acceptance_by_position": position_acceptance(t.tested_at, t.accepted_at),
+            "predicted_speedup": predicted_speedup(costs, t, draft_cost),
+        })
+    if c.k is not None:
+        row["k"] = c.k
+    return row
 
 
 def _valid(constraint, out) -> bool:

@@ -46,7 +46,7 @@ EDIT_SPARE = 64
 
 
 @dataclass
-class Cell:
+class TaskCell:
     """One configuration's summed runs on one task."""
 
     runs: int = 0
@@ -120,6 +120,32 @@ def task_configs(ks: list[int]) -> tuple[list[Config], str]:
     return configs, default.name
 
 
+def answer_limits(engine, sizes: list[int], file_tokens: list[Optional[int]], max_tokens: int,
+                  edit_cap: Optional[int]) -> list[int]:
+    """Each prompt's limit on new tokens: ``max_tokens``, or for a code edit (its file's
+    tokens in ``file_tokens``) its :func:`edit_budget`; raises when the context cannot hold
+    a prompt and the least of its answer, naming the context size that would."""
+    limits, short = [], []        # short: (prompt, new tokens wanted) the context cannot hold
+    for size, f in zip(sizes, file_tokens):
+        if f is None:
+            limits.append(max_tokens)
+            least = want = max_tokens
+        else:           # a code edit needs room for its file back, at least (or for the cap)
+            limits.append(edit_budget(f, size, engine.n_ctx, edit_cap))
+            least = f if edit_cap is None else min(f, edit_cap)
+            want = edit_budget(f, cap=edit_cap)
+        if size + least > engine.n_ctx:
+            short.append((size, want))
+    if short:
+        size, want = max(short, key=sum)
+        need = size + want
+        raise EdgespecError(f"--prompts tasks needs a context of {need} tokens (a prompt of "
+                            f"{size} and {want} new ones); this one holds {engine.n_ctx}: "
+                            f"load with --ctx-size {-(-need // 1024) * 1024}",
+                            options=("n_ctx",))
+    return limits
+
+
 def run_task_bench(engine, *, tasks: tuple = TASKS, max_tokens: int,
                    sampling: SamplingParams, raw: bool, ks: list[int], repeats: int = 1,
                    edit_cap: Optional[int] = None, log=print) -> dict:
@@ -141,24 +167,7 @@ def run_task_bench(engine, *, tasks: tuple = TASKS, max_tokens: int,
     # code_edit's answers: the whole file back, each with a budget of its own
     edits = iter(edit_file_tokens(engine))          # in its prompts' order
     file_tokens = [next(edits) if task == "code_edit" else None for task, _ in items]
-    limits, short = [], []        # short: (prompt, new tokens wanted) the context cannot hold
-    for size, f in zip(sizes, file_tokens):
-        if f is None:
-            limits.append(max_tokens)
-            least = want = max_tokens
-        else:           # a code edit needs room for its file back, at least (or for the cap)
-            limits.append(edit_budget(f, size, engine.n_ctx, edit_cap))
-            least = f if edit_cap is None else min(f, edit_cap)
-            want = edit_budget(f, cap=edit_cap)
-        if size + least > engine.n_ctx:
-            short.append((size, want))
-    if short:
-        size, want = max(short, key=sum)
-        need = size + want
-        raise EdgespecError(f"--prompts tasks needs a context of {need} tokens (a prompt of "
-                            f"{size} and {want} new ones); this one holds {engine.n_ctx}: "
-                            f"load with --ctx-size {-(-need // 1024) * 1024}",
-                            options=("n_ctx",))
+    limits = answer_limits(engine, sizes, file_tokens, max_tokens, edit_cap)
     engines = config_engines(engine, configs)
     every = [engine, *engines.values()]
 
@@ -180,7 +189,7 @@ def run_task_bench(engine, *, tasks: tuple = TASKS, max_tokens: int,
     # Warm-up, not measured: each drafter built (it may calibrate), the weights paged in.
     for c in configs:
         generate(c, "The history of the Roman Empire", 4, sampling)
-    cells = {t: {c.name: Cell() for c in configs} for t in tasks}
+    cells = {t: {c.name: TaskCell() for c in configs} for t in tasks}
     warm = 0          # generations that found part of their prompt cached (expected: none)
     try:
         for r in range(repeats):

@@ -43,7 +43,7 @@ from .prompting import Prompter
 from .request import GenerationRequest, Prompt
 from ..results import Generation
 from .streams import AsyncStream, Job, Stream
-from .threads import BlasOnOneThread, EngineThreads
+from .threads import BlasHold, EngineThreads
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class Engine:
         self._embedder = Embedder.sharing(target)
         self._closed = False
         _open_engines.add(self)
-        BlasOnOneThread.acquire()
+        BlasHold.acquire()
 
     # -- construction ---------------------------------------------------------------------
 
@@ -296,11 +296,11 @@ class Engine:
         checks, errors and stream."""
         self._check_open()
         with self.lanes.rounds.arriving() as arrival:   # a prompt pass waits a moment for it
-            run, thinking = self._prompter.prepare(req, self.n_ctx, speculation=(
+            prepared, thinking = self._prompter.prepare(req, self.n_ctx, speculation=(
                 self._drafting.speculation(req.sampling, req.index_key) if req.speculative
                 else None))
-        job = Job(self.lanes, not_started(run), arrival)
-        events = run_generation(job, self.lanes, run, self.prompt_cache)
+        job = Job(self.lanes, not_started(prepared), arrival)
+        events = run_generation(job, self.lanes, prepared, self.prompt_cache)
         return Stream(job, thinking.events(events) if thinking is not None else events)
 
     def request_tokens(self, req: GenerationRequest) -> list[int]:
@@ -375,7 +375,7 @@ class Engine:
             self.target.close()
         release_free_heap()
         _open_engines.discard(self)
-        BlasOnOneThread.release()
+        BlasHold.release()
 
     def __enter__(self) -> "Engine":
         return self

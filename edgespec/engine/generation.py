@@ -19,9 +19,9 @@ from .lanes import Lane, Lanes
 from ..lm import LanguageModel, LoadedModel
 from ..prompt_cache import PromptCache, common_prefix
 from .request import Prepared
-from ..results import Generation, GenerationStats, StreamEvent, TokenLogprob
+from ..results import Generation, GenerationStats, LoopStats, StreamEvent, TokenLogprob
 from .rounds import Cancelled
-from ..speculative import LoopStats, decode
+from ..speculative import decode
 from .streams import Job
 from ..textstream import TextAssembler
 
@@ -51,18 +51,18 @@ def prefill(model: LanguageModel, prompt: list[int],
     return len(model.tokens) - keep, None
 
 
-def new_stats(req: Prepared) -> GenerationStats:
-    """The statistics of ``req`` before anything ran (a result that never started has these)."""
-    return GenerationStats(prompt_tokens=len(req.prompt), speculative=req.speculative,
+def new_stats(prepared: Prepared) -> GenerationStats:
+    """``prepared``'s statistics before anything ran (a result that never started has these)."""
+    return GenerationStats(prompt_tokens=len(prepared.prompt), speculative=prepared.speculative,
                            loop=LoopStats())
 
 
-def not_started(req: Prepared) -> Generation:
+def not_started(prepared: Prepared) -> Generation:
     """The result of a generation cancelled (or whose Engine closed) before its turn came."""
-    return Generation("", [], "cancelled", new_stats(req))
+    return Generation("", [], "cancelled", new_stats(prepared))
 
 
-def run_generation(job: Job, lanes: Lanes, req: Prepared,
+def run_generation(job: Job, lanes: Lanes, prepared: Prepared,
                    cache: Optional[PromptCache] = None) -> Iterator[StreamEvent]:
     """The generation behind a Stream: waits for a lane, then prefill → decode → result.
 
@@ -74,7 +74,7 @@ def run_generation(job: Job, lanes: Lanes, req: Prepared,
     whenever its reader is away. ``cache``: conversations' states kept aside, consulted
     before each model's prefill (:mod:`edgespec.prompt_cache`).
     """
-    lane = lanes.enter(job, req.prompt, req.request.max_tokens)
+    lane = lanes.enter(job, prepared.prompt, prepared.request.max_tokens)
     if lane is None:                  # cancelled, or the Engine closed, while queued
         job.result = job.cancelled_result
         return
@@ -82,10 +82,10 @@ def run_generation(job: Job, lanes: Lanes, req: Prepared,
     member.cancelled, member.prompting = job.cancelled.is_set, True
     rounds.join(member, job.arrival)
     job.on_advance = lambda on: rounds.running(member) if on else rounds.parked(member)
-    run = _Run(lane, req, job.cancelled, cache)
+    run = _Run(lane, prepared, job.cancelled, cache)
     try:
         run.prefill()
-        yield from run.decode()
+        yield from run.events()
         run.finish_text()
     except GeneratorExit:             # closed mid-stream: the output is what was yielded
         run.finish_reason = "cancelled"
@@ -108,25 +108,25 @@ def run_generation(job: Job, lanes: Lanes, req: Prepared,
 
 class _Run:
     """The state of one generation while it holds its lane: its steps, in order, are
-    :meth:`prefill`, :meth:`decode`, :meth:`finish_text`, then always :meth:`close`."""
+    :meth:`prefill`, :meth:`events`, :meth:`finish_text`, then always :meth:`close`."""
 
-    def __init__(self, lane: Lane, req: Prepared, cancelled: threading.Event,
+    def __init__(self, lane: Lane, prepared: Prepared, cancelled: threading.Event,
                  cache: Optional[PromptCache] = None):
-        self.lane = lane
-        self.target, self.req, self.cancelled, self.cache = lane.target, req, cancelled, cache
-        spec = req.speculation
+        self.lane, self.prepared = lane, prepared
+        self.target, self.cancelled, self.cache = lane.target, cancelled, cache
+        spec = prepared.speculation
         self.draft = lane.draft if spec else None        # the draft model kept in step
         self.head = lane.head if spec else None
         self.models: list[LoadedModel] = [self.target] + (
             [self.draft] if self.draft is not None else [])
         self.drafter = None             # asked for when the lane is held (prefill)
-        self.stats = new_stats(req)
+        self.stats = new_stats(prepared)
         self.tokens: list[int] = []
         self.logprobs: list[TokenLogprob] = []
         self.text: list[str] = []
         self.tail = ""
         self.finish_reason = "length"
-        self.assembler = TextAssembler(list(req.request.stop))
+        self.assembler = TextAssembler(list(prepared.request.stop))
         self.steps = None               # the decoding loop, once it runs
         self.first_row: Optional[np.ndarray] = None     # the target's logits after the prompt
         self.t_decode: Optional[float] = None
@@ -140,14 +140,14 @@ class _Run:
         catches up between target steps when that pays
         (:meth:`edgespec.drafting.reading.Reading.catch_up`), so the first token never waits for
         the draft. The drafter is asked for first: building one may calibrate."""
-        spec = self.req.speculation
+        spec = self.prepared.speculation
         self.drafter = spec.drafter(self.lane) if spec else None
         t0 = self.t0 = time.perf_counter()
-        want = self.req.prompt[:-1]
+        want = self.prepared.prompt[:-1]
         if self.cache is not None:
             self.stats.prompt_tokens_restored = self.cache.prepare(self.target, want)
         self.stats.prompt_tokens_evaluated, self.first_row = prefill(
-            self.target, self.req.prompt, self.cancelled)
+            self.target, self.prepared.prompt, self.cancelled)
         self.lane.member.prompting = False
         if self.draft is not None:
             want = spec.draft_tokens(self.lane, want)
@@ -160,21 +160,22 @@ class _Run:
         self.back0 = sum(m.rollback_seconds for m in self.models)
         self.head0 = self.head.seconds if self.head is not None else 0.0
 
-    def decode(self) -> Iterator[StreamEvent]:
+    def events(self) -> Iterator[StreamEvent]:
         """The loop's tokens as text, until the end of generation, a stop string, the budget,
         the context's edge or a cancel (``finish_reason`` says which)."""
         if self.cancelled.is_set():     # during prompt processing
             self.finish_reason = "cancelled"
             return
-        run, eog = self.req, self.target.vocab.eog
-        req = run.request
-        self.steps = decode(self.target, list(run.prompt), first_row=self.first_row,
+        prepared, eog = self.prepared, self.target.vocab.eog
+        req = prepared.request
+        self.steps = decode(self.target, list(prepared.prompt), first_row=self.first_row,
                             params=req.sampling,
                             rng=np.random.default_rng(req.sampling.seed),
                             max_tokens=req.max_tokens, drafter=self.drafter,
                             stats=self.stats.loop, should_stop=self.cancelled.is_set,
-                            constraint=run.grammar, logprobs=req.logprobs,
-                            verifier=run.speculation.verifier if run.speculation else "block")
+                            constraint=prepared.grammar, logprobs=req.logprobs,
+                            verifier=(prepared.speculation.verifier if prepared.speculation
+                                      else "block"))
         for step in self.steps:
             if not self.stats.first_token_seconds:
                 self.stats.first_token_seconds = time.perf_counter() - self.t0
@@ -219,17 +220,17 @@ class _Run:
         s.draft_threads = self.draft.n_threads if self.draft is not None else 0
         if lp.plain_passes >= 4:        # its own plain rounds: the most like-for-like
             s.plain_pass_seconds = lp.plain_seconds / lp.plain_passes
-        elif self.req.speculative:
-            s.plain_pass_seconds = self.req.speculation.plain_cost() or 0.0
-        if self.req.grammar is not None:
-            s.grammar_seconds = self.req.grammar.seconds
-        spec = self.req.speculation
+        elif self.prepared.speculative:
+            s.plain_pass_seconds = self.prepared.speculation.plain_cost() or 0.0
+        if self.prepared.grammar is not None:
+            s.grammar_seconds = self.prepared.grammar.seconds
+        spec = self.prepared.speculation
         if spec is not None and spec.index is not None:
             # What this request read and wrote, for the next ones to draft from.
-            spec.index.add(list(self.req.prompt) + self.tokens)
+            spec.index.add(list(self.prepared.prompt) + self.tokens)
 
     def result(self) -> Generation:
-        req = self.req
+        prepared = self.prepared
         out = Generation("".join(self.text), self.tokens, self.finish_reason, self.stats,
-                         logprobs=self.logprobs if req.request.logprobs is not None else None)
-        return req.finish(out) if req.finish is not None else out
+                         logprobs=self.logprobs if prepared.request.logprobs is not None else None)
+        return prepared.finish(out) if prepared.finish is not None else out

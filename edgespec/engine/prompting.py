@@ -64,9 +64,9 @@ class Prompter:
         thinking, constraint, finish = reads_thinking(
             mode, text, constraint, plan.finish if plan is not None else None,
             self.special_id)
-        run = Prepared(req, tokens, grammar=self.grammar(constraint), finish=finish,
-                       speculation=speculation)
-        return run, thinking
+        prepared = Prepared(req, tokens, grammar=self.grammar(constraint), finish=finish,
+                            speculation=speculation)
+        return prepared, thinking
 
     def plan(self, req: GenerationRequest) -> tuple[str, list[int], Optional[ToolPlan]]:
         """``req``'s prompt as text and tokens, and how it uses its tools (None: none)."""

@@ -72,7 +72,10 @@ class Member:
 
 
 @dataclass(eq=False)
-class _Request:
+class _Call:
+    """A member's call waiting in the rounds: its part of a pass on ``model``, or its ask of
+    the draft-length planner; answered with ``result`` (or ``error``) when ``done``."""
+
     member: Member
     model: Any                    # the backend model (its decode/decode_hidden), or "plan"
     part: tuple = ()              # (sequence, tokens, n_logits) or (sequence, tokens) hidden
@@ -109,7 +112,7 @@ class Rounds:
         self.turns: Callable[[], bool] = lambda: False
         self._turn: Optional[Member] = None
         self._turn_over = False
-        self._queue: list[_Request] = []
+        self._queue: list[_Call] = []
         self._busy = False
         self.passes = 0                 # llama_decode calls made for several members
         self.prompt_passes = 0          # passes that held a prompt's tokens
@@ -185,32 +188,32 @@ class Rounds:
     def size(self) -> int:
         return len(self._members)
 
-    # -- requests -------------------------------------------------------------------------
+    # -- calls ----------------------------------------------------------------------------
 
-    def decode(self, member: Member, model, seq, tokens: Sequence[int], n_logits: int
-               ) -> np.ndarray:
+    def eval_part(self, member: Member, model, seq, tokens: Sequence[int], n_logits: int
+                  ) -> np.ndarray:
         """``model.decode`` of this member's part, batched with the others'."""
-        return self._wait(_Request(member, model, (seq, list(tokens), n_logits)))
+        return self._wait(_Call(member, model, (seq, list(tokens), n_logits)))
 
-    def decode_hidden(self, member: Member, model, seq, tokens: Sequence[int]
-                      ) -> tuple[Optional[np.ndarray], Optional[np.ndarray]]:
+    def eval_hidden_part(self, member: Member, model, seq, tokens: Sequence[int]
+                         ) -> tuple[Optional[np.ndarray], Optional[np.ndarray]]:
         """``model.decode_hidden`` of this member's part, batched: (its hidden state, None),
         or (None, its logits row) when the hidden state could not be read."""
-        return self._wait(_Request(member, model, (seq, list(tokens)), hidden=True))
+        return self._wait(_Call(member, model, (seq, list(tokens)), hidden=True))
 
     def plan(self, member: Member, ask: Any) -> Any:
         """This member's draft length for the round, chosen with the others' (``ask``: what
         the planner needs of it)."""
-        return self._wait(_Request(member, "plan", (ask,)))
+        return self._wait(_Call(member, "plan", (ask,)))
 
-    def _wait(self, req: _Request) -> Any:
+    def _wait(self, call: _Call) -> Any:
         with self._cond:
-            req.member.state = WAITING
-            self._queue.append(req)
+            call.member.state = WAITING
+            self._queue.append(call)
             try:
-                while not req.done:
-                    if req.member.cancelled() and req in self._queue:     # (not in flight)
-                        self._queue.remove(req)
+                while not call.done:
+                    if call.member.cancelled() and call in self._queue:     # (not in flight)
+                        self._queue.remove(call)
                         self._cond.notify_all()
                         raise Cancelled()
                     timeout = self._ready()
@@ -219,10 +222,10 @@ class Rounds:
                     else:
                         self._cond.wait(timeout)
             finally:
-                req.member.state = RUNNING
-        if req.error is not None:
-            raise req.error
-        return req.result
+                call.member.state = RUNNING
+        if call.error is not None:
+            raise call.error
+        return call.result
 
     def _ready(self) -> Optional[float]:
         """0 when a pass may fire now; else how long to wait before looking again (None:
@@ -295,7 +298,7 @@ class Rounds:
                 r.done, r.member.state = True, RUNNING
             self._cond.notify_all()
 
-    def _turn_queue(self) -> list[_Request]:
+    def _turn_queue(self) -> list[_Call]:
         """The waiting requests of the member whose turn it is. A turn is one round: it ends
         when the holder, its target pass done, asks for the next (its work on the last one
         is then over: no stream's Python runs beside another's passes, which on a CPU would
@@ -310,12 +313,12 @@ class Rounds:
             self._turn_over = False
         return [r for r in self._queue if r.member is self._turn]
 
-    def _pass_turn(self, group: list[_Request]) -> None:
+    def _pass_turn(self, group: list[_Call]) -> None:
         """A target pass that held the holder's rows: its turn ends at its next request."""
         if self._turn is not None and any(r.member is self._turn for r in group):
             self._turn_over = True
 
-    def _run(self, model, group: list[_Request]) -> None:
+    def _run(self, model, group: list[_Call]) -> None:
         context = sum(len(r.part[0].tokens) for r in group) // len(group)
         starts = [(r.part[0], len(r.part[0].tokens)) for r in group]
         t0 = time.perf_counter()

@@ -65,13 +65,13 @@ class StreamModel:
         """This stream's part of the round's pass: ``tokens`` join the other running
         streams' parts in one ``llama_decode`` (a batch of their rows together), so this call
         blocks until that pass has run, and returns this part's last ``n_logits`` rows of
-        the batch's logits, ``(n_logits, n_vocab)`` (:meth:`Rounds.decode
-        <edgespec.engine.rounds.Rounds.decode>`)."""
-        return self.rounds.decode(self.member, self.model, self.seq, tokens, n_logits)
+        the batch's logits, ``(n_logits, n_vocab)`` (:meth:`Rounds.eval_part
+        <edgespec.engine.rounds.Rounds.eval_part>`)."""
+        return self.rounds.eval_part(self.member, self.model, self.seq, tokens, n_logits)
 
     def eval_hidden(self, tokens: Sequence[int]) -> Optional[np.ndarray]:
-        hidden, self._last = self.rounds.decode_hidden(self.member, self.model, self.seq,
-                                                       tokens)
+        hidden, self._last = self.rounds.eval_hidden_part(self.member, self.model, self.seq,
+                                                          tokens)
         return hidden
 
     def last_logits(self) -> np.ndarray:

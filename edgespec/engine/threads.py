@@ -197,7 +197,7 @@ def govern(target: "LoadedModel", draft: Optional["LoadedModel"], costs=None,
     return out
 
 
-class BlasOnOneThread:
+class BlasHold:
     """numpy's BLAS held to one thread while any Engine is open (``acquire`` at load,
     ``release`` at close; the count it had comes back with the last close).
 

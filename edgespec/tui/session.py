@@ -45,7 +45,7 @@ class Turn:
 
 
 @dataclass
-class Totals:
+class SessionTotals:
     """Sums over every answer of the session."""
 
     answers: int = 0
@@ -90,7 +90,7 @@ class ChatSession:
         self.max_tokens = max_tokens
         self.conversation = Conversation(system)
         self.last: Optional[Turn] = None
-        self.totals = Totals()
+        self.totals = SessionTotals()
         self.constraint: Optional["Constraint"] = None     # /format: answers' required shape
         self.format_label = "text"
         self.told_busy = False      # said once that threads backed off on a busy machine
