@@ -181,6 +181,11 @@ class Rounds:
         with self._cond:
             self._cond.notify_all()
 
+    def take_turns_when(self, turns: Callable[[], bool]) -> None:
+        """From now on the streams take turns while ``turns()`` says so (the batch gate's
+        regime, :mod:`edgespec.drafting.gate`)."""
+        self.turns = turns
+
     @property
     def size(self) -> int:
         return len(self._members)
