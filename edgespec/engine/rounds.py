@@ -70,6 +70,26 @@ class Member:
     cancelled: Callable[[], bool] = lambda: False
     prompting: bool = False     # its prompt is being evaluated (its passes go first)
 
+    def enter(self, cancelled: Callable[[], bool]) -> None:
+        """A generation takes this place (``cancelled``: its flag); its prompt goes first."""
+        self.cancelled, self.prompting = cancelled, True
+
+    def prompted(self) -> None:
+        """Its prompt is read: its passes no longer go first."""
+        self.prompting = False
+
+    def compute(self) -> None:
+        """Its stream computes (until it waits for a pass or parks)."""
+        self.state = RUNNING
+
+    def park(self) -> None:
+        """Its reader has its token and is away (since now)."""
+        self.state, self.since = PARKED, time.monotonic()
+
+    def wait(self) -> None:
+        """Its stream waits for a pass or a plan."""
+        self.state = WAITING
+
 
 @dataclass(eq=False)
 class _Request:
@@ -81,6 +101,18 @@ class _Request:
     done: bool = False
     result: Any = None
     error: Optional[BaseException] = None
+
+    def answer(self, result: Any) -> None:
+        """What its pass or plan gave it (done once :meth:`served`)."""
+        self.result = result
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error              # (the pass raised it: the request's caller raises it)
+
+    def served(self) -> None:
+        """Done: its stream computes from now on, though its thread has yet to wake."""
+        self.done = True
+        self.member.compute()
 
 
 class Rounds:
@@ -148,7 +180,7 @@ class Rounds:
         """``member``'s stream decodes from now on (it computes until it waits or parks);
         ``arrival``: its key from :meth:`arriving`."""
         with self._cond:
-            member.state = RUNNING
+            member.compute()
             self._members[member] = None
             self._arrivals.pop(arrival, None)
             self.joins += 1
@@ -164,12 +196,12 @@ class Rounds:
     def running(self, member: Member) -> None:
         """The member's reader asks for its next token: it computes again."""
         with self._cond:
-            member.state = RUNNING
+            member.compute()
 
     def parked(self, member: Member) -> None:
         """The member's reader has its token and is away."""
         with self._cond:
-            member.state, member.since = PARKED, time.monotonic()
+            member.park()
             self._cond.notify_all()
 
     def close(self) -> None:
@@ -182,8 +214,7 @@ class Rounds:
             self._cond.notify_all()
 
     def take_turns_when(self, turns: Callable[[], bool]) -> None:
-        """From now on the streams take turns while ``turns()`` says so (the batch gate's
-        regime, :mod:`edgespec.drafting.gate`)."""
+        """The streams take turns while ``turns()`` says so (the batch gate's regime)."""
         self.turns = turns
 
     @property
@@ -210,7 +241,7 @@ class Rounds:
 
     def _wait(self, req: _Request) -> Any:
         with self._cond:
-            req.member.state = WAITING
+            req.member.wait()
             self._queue.append(req)
             try:
                 while not req.done:
@@ -224,7 +255,7 @@ class Rounds:
                     else:
                         self._cond.wait(timeout)
             finally:
-                req.member.state = RUNNING
+                req.member.compute()
         if req.error is not None:
             raise req.error
         return req.result
@@ -270,8 +301,8 @@ class Rounds:
             asks = [r.part[0] for r in plans]
             ks = self._plan(asks) if self._plan is not None else asks
             for r, k in zip(plans, ks):
-                r.result, r.done = k, True
-                r.member.state = RUNNING        # it computes from here, before it wakes
+                r.answer(k)
+                r.served()          # it computes from here, before it wakes
             self._queue = [r for r in self._queue if r not in plans]
             self._cond.notify_all()
             return
@@ -297,7 +328,7 @@ class Rounds:
             for r in group:
                 # Served: its stream computes from now on, though its thread has yet to
                 # wake; no other pass may fire without its next request.
-                r.done, r.member.state = True, RUNNING
+                r.served()
             self._cond.notify_all()
 
     def _turn_queue(self) -> list[_Request]:
@@ -329,11 +360,11 @@ class Rounds:
                 hidden = model.decode_hidden([r.part for r in group])
                 rows = model.last_rows() if hidden is None else None
                 for i, r in enumerate(group):
-                    r.result = (hidden[i], None) if hidden is not None else (None, rows[i])
+                    r.answer((hidden[i], None) if hidden is not None else (None, rows[i]))
             else:
                 out = model.decode([r.part for r in group])
                 for r, rows in zip(group, out):
-                    r.result = rows
+                    r.answer(rows)
             rows = sum(len(r.part[1]) for r in group)      # the tokens the pass evaluated
             if len(group) > 1:
                 self.passes += 1
@@ -353,8 +384,7 @@ class Rounds:
                               context)
         except BaseException as e:  # noqa: BLE001 - each request's caller raises it
             for r in group:
-                r.error = e
-
+                r.fail(e)
 
     def _count(self, starts: list, decoding: bool) -> None:
         """Add what each stream committed since its last pass of the target (a prompt's
