@@ -9,12 +9,18 @@ planted example, so that it cannot pass vacuously."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "edgespec"
 OWNED = ("engine", "drafting")          # the packages whose objects keep their attributes
 OWN = ("self", "cls")
+
+
+@functools.lru_cache(maxsize=None)
+def _parse(source: str) -> ast.Module:
+    return ast.parse(source)
 
 
 def _targets(node: ast.AST) -> list[ast.expr]:
@@ -45,7 +51,7 @@ def foreign_assignments(source: str) -> list[tuple[int, str, str]]:
     """(line, attribute name, statement) of every assignment to an attribute of anything
     but ``self``/``cls`` (``o.x = …``, ``o.x += …``, ``self.a.x = …``, ``setattr(o, …)``)."""
     out = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(_parse(source)):
         for t in _targets(node):
             if isinstance(t, ast.Attribute) and not _own(t.value):
                 out.append((node.lineno, t.attr, ast.unparse(t)))
@@ -61,7 +67,7 @@ def class_attributes(source: str) -> set[str]:
     """The attributes the classes of ``source`` give themselves: ``self.x = …`` in their
     methods, and the names their bodies bind (dataclass fields, class constants)."""
     out: set[str] = set()
-    for cls in (n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef)):
+    for cls in (n for n in ast.walk(_parse(source)) if isinstance(n, ast.ClassDef)):
         for node in cls.body:
             out |= {t.id for t in _targets(node) if isinstance(t, ast.Name)}
         for node in ast.walk(cls):
@@ -98,7 +104,7 @@ NOT_ENGINE = {"args"}
 def engine_classes(modules: dict[str, str]) -> set[str]:
     """The names of the classes engine/ and drafting/ define."""
     return {n.name for rel, source in modules.items() if _owned(rel)
-            for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef)}
+            for n in ast.walk(_parse(source)) if isinstance(n, ast.ClassDef)}
 
 
 def bound_names(source: str, classes: set[str]) -> set[str]:
@@ -112,7 +118,7 @@ def bound_names(source: str, classes: set[str]) -> set[str]:
             expr = expr.value
         return isinstance(expr, ast.Name) and expr.id in classes
     out = set(ENGINE_NAMES)
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(_parse(source)):
         if isinstance(node, ast.arg) and node.annotation is not None:
             words = set(ast.unparse(node.annotation).replace("'", " ").replace('"', " ")
                         .replace("[", " ").replace("]", " ").replace(",", " ").split())
