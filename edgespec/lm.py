@@ -127,6 +127,10 @@ class LoadedModel(StatefulModel, Protocol):
     def set_threads(self, n: int) -> None:
         """Run the next passes on ``n`` CPU threads."""
 
+    def set_step_hooks(self, on_step: Optional[Callable[[int, int, float], int]],
+                       before_step: Optional[Callable[[], int]]) -> None:
+        """Set both hooks (:class:`~edgespec.backend.step_hooks.StepHooks`)."""
+
     def tokenize(self, text: str, add_special: bool = True,
                  parse_special: bool = True) -> list[int]:
         """Tokens of ``text``."""

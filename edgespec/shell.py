@@ -331,8 +331,8 @@ def load_engine(args, say: Callable[[str], None] = status, **overrides):
                   cpu_extra_buffers=args.cpu_extra_buffers, flash_attn=args.flash_attn,
                   rollback=args.rollback, suffix=not args.no_suffix_index)
         engine = Engine.load(**{**kw, **overrides})
-        engine.draft_choice = chosen(args, engine.target.path,
-                                     engine.draft.path if engine.draft is not None else None)
+        engine.note_draft_choice(chosen(args, engine.target.path,
+                                        engine.draft.path if engine.draft is not None else None))
         return engine
     finally:
         if isinstance(progress, Progress):

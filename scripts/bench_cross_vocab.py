@@ -181,7 +181,7 @@ def first_difference(a: list[int], b: list[int]) -> int:
 
 
 def translation(eng: Engine):
-    cross = eng._drafting.cross
+    cross = eng._drafting.translations.of(eng.lanes.lanes[0])
     return cross[0] if cross is not None else None
 
 

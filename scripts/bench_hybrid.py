@@ -290,7 +290,7 @@ def same_drafts(root: Path, t: tuple, small: tuple, hybrid: bool, n: int, repeat
                       n_ctx=2048, cache_ram=0, suffix=False)
     try:
         eng.generate(prompts[0], max_tokens=8, sampling=GREEDY)     # calibration, warm-up
-        costs, model = eng._drafting.costs, eng.target
+        costs, model = eng.costs, eng.target
         step = costs.draft_step() if step is None else step
         costs.draft = step
         configs = ["plain", *(f"a={a:.2f}" for a in agreements),

@@ -29,8 +29,7 @@ def main() -> None:
 
     def run(prompt, name: str):
         speculative, share = VARIANTS[name]
-        eng._drafting.shares_kv = share      # (the drafters are built again with it)
-        eng._drafting._by_kind.clear()
+        eng._drafting.share_target_cells(share)      # (the drafters are built again with it)
         seconds, result = answer(eng, prompt, args, speculative)
         return seconds, result.tokens
 

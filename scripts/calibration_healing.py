@@ -68,7 +68,7 @@ def phase(args) -> None:
         eng = Engine.load(pair=args.pair, recalibrate=args.phase != "second")
     kept = calibration_file().is_file()
     say(event="loaded", seconds=time.perf_counter() - t0, calibration_kept=kept,
-        costs=cost_view(eng._drafting.costs))
+        costs=cost_view(eng.costs))
     greedy = SamplingParams(temperature=0.0)
     try:
         for i, p in enumerate(prompts(args.answers)):
@@ -77,7 +77,7 @@ def phase(args) -> None:
                 tok_s=s.tokens_per_second, tokens_per_pass=s.tokens_per_pass,
                 drafted=s.drafted, speedup=s.speedup_estimate,
                 plainly=s.decoding_plainly, threads=eng.threads,
-                costs=cost_view(eng._drafting.costs))
+                costs=cost_view(eng.costs))
     finally:
         backed_off = eng.threads["backed_off"]
         eng.close()

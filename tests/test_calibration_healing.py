@@ -12,7 +12,7 @@ import pytest
 from edgespec import Engine, SamplingParams
 from edgespec.drafting import calibration
 from edgespec.drafting.costs import Costs
-from edgespec.engine.drafting import EngineDrafting
+from edgespec.engine.costing import EngineCosts
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPTS = ["Give three tips for learning a new language.",
@@ -42,7 +42,7 @@ def test_a_busy_calibration_is_measured_again_and_the_quiet_one_kept(
     monkeypatch.setattr(calibration, "QUIET", -1.0)
     monkeypatch.setattr(calibration, "STEADY", 0.5)           # every measurement is "busy"
     with load(smollm2_f32_path, smollm2_q4_path) as eng:
-        costs = eng._drafting.costs
+        costs = eng.costs
         assert costs.busy and not cache.exists()                # used, not kept
         busy_t1 = costs.pass_seconds(1)
         # Not due yet: the first answers run on the busy figures.
@@ -50,19 +50,20 @@ def test_a_busy_calibration_is_measured_again_and_the_quiet_one_kept(
         assert costs.busy
 
         # Still busy when it is due: measured again, not kept, next try later.
-        eng._drafting._remeasure_at = 0.0
-        wait = eng._drafting._remeasure_wait
+        eng._drafting.costing._remeasure_at = 0.0
+        wait = eng._drafting.costing._remeasure_wait
         eng.generate(PROMPTS[0], max_tokens=8, sampling=GREEDY)
-        assert costs.busy and not cache.exists() and eng._drafting._remeasure_wait == 2 * wait
+        assert costs.busy and not cache.exists()
+        assert eng._drafting.costing._remeasure_wait == 2 * wait
 
         # The machine is quiet now: the next due answer measures again and keeps it.
         monkeypatch.setattr(calibration, "QUIET", 1e9)
         monkeypatch.setattr(calibration, "STEADY", 1e9)
-        monkeypatch.setattr(EngineDrafting, "REMEASURE_BUDGET", 1e9)
-        eng._drafting._remeasure_at = 0.0
+        monkeypatch.setattr(EngineCosts, "REMEASURE_BUDGET", 1e9)
+        eng._drafting.costing._remeasure_at = 0.0
         out = eng.generate(PROMPTS[1], max_tokens=24, sampling=GREEDY)
         assert out.text and not costs.busy
-        assert costs is eng._drafting.costs             # replaced in place
+        assert costs is eng.costs             # replaced in place
         assert costs.pass_seconds(1) != busy_t1
         (entry,) = entries(cache).values()
         assert entry["source"] == "calibration"
@@ -74,9 +75,9 @@ def test_refined_costs_are_kept_and_the_next_process_starts_from_them(
     monkeypatch.setattr(calibration, "QUIET", 1e9)
     monkeypatch.setattr(calibration, "STEADY", 1e9)
     monkeypatch.setattr(calibration, "CALIBRATION_BUDGET", 1e9)
-    monkeypatch.setattr(EngineDrafting, "SAVE_AFTER", 24)      # (64 in use: ~15 s more here)
+    monkeypatch.setattr(EngineCosts, "SAVE_AFTER", 24)      # (64 in use: ~15 s more here)
     with load(smollm2_f32_path, smollm2_q4_path) as eng:
-        costs = eng._drafting.costs
+        costs = eng.costs
         # A start as wrong as a calibration taken on a machine ten times slower.
         costs.adopt(Costs({n: 10 * v for n, v in costs.target.items()},
                           10 * costs.draft))
@@ -86,10 +87,10 @@ def test_refined_costs_are_kept_and_the_next_process_starts_from_them(
         # as large as the passes needed, however long the drafts run (this Q4_1 draft of
         # the same model is accepted whole for rounds on end: 4-8 passes an answer).
         i = 0
-        while costs.observed < EngineDrafting.SAVE_AFTER:
+        while costs.observed < EngineCosts.SAVE_AFTER:
             eng.generate(PROMPTS[i % 2], max_tokens=64, sampling=GREEDY)
             i += 1
-            assert i <= EngineDrafting.SAVE_AFTER, "the loop never refined the costs"
+            assert i <= EngineCosts.SAVE_AFTER, "the loop never refined the costs"
         refined = dict(costs.target), costs.draft      # what is saved: the table itself
         attention, draft_attention = costs.attention, costs.draft_attention
     (entry,) = entries(cache).values()
@@ -105,7 +106,7 @@ def test_refined_costs_are_kept_and_the_next_process_starts_from_them(
     assert any(saved[n] < poisoned.pass_seconds(n) for n in saved)
 
     with load(smollm2_f32_path, smollm2_q4_path) as eng:     # the next process
-        start = eng._drafting.costs
+        start = eng.costs
         assert not start.busy
         assert start.target == pytest.approx(saved) and start.draft == pytest.approx(
             entry["draft"])
@@ -124,7 +125,7 @@ def test_a_busy_calibration_heals_even_while_the_threads_are_backed_off(
     monkeypatch.setattr(calibration, "QUIET", -1.0)
     monkeypatch.setattr(calibration, "STEADY", 0.5)
     with Engine.load(target=smollm2_f32_path, draft=smollm2_q4_path, n_ctx=1024) as eng:
-        costs = eng._drafting.costs
+        costs = eng.costs
         assert costs.busy and eng.threads["adaptive"]
         for m in (eng.target, eng.draft):
             m.set_threads(1)
@@ -135,10 +136,10 @@ def test_a_busy_calibration_heals_even_while_the_threads_are_backed_off(
             seen.append((target.n_threads, draft.n_threads))
             return real(target, draft, **kw)
 
-        monkeypatch.setattr("edgespec.engine.drafting.calibrate", watched)
+        monkeypatch.setattr("edgespec.engine.costing.calibrate", watched)
         monkeypatch.setattr(calibration, "QUIET", 1e9)
         monkeypatch.setattr(calibration, "STEADY", 1e9)
-        monkeypatch.setattr(EngineDrafting, "REMEASURE_BUDGET", 1e9)
+        monkeypatch.setattr(EngineCosts, "REMEASURE_BUDGET", 1e9)
         assert eng._drafting.remeasure(force=True)
         assert seen == [(eng.target.config.n_threads, eng.draft.config.n_threads)]
         assert (eng.target.n_threads, eng.draft.n_threads) == (1, 1)
@@ -155,9 +156,9 @@ def test_costs_that_several_streams_refined_are_not_kept(
     with Engine.load(target=smollm2_f32_path, draft=smollm2_q4_path, n_ctx=1024, n_threads=2,
                      parallel=2) as eng:
         before = entries(cache)
-        costs = eng._drafting.costs
-        for _ in range(EngineDrafting.SAVE_AFTER):
+        costs = eng.costs
+        for _ in range(EngineCosts.SAVE_AFTER):
             eng._drafting.observe_pass(True, 4, 0.5, 10)      # a contended batch's pass
-        assert costs.observed >= EngineDrafting.SAVE_AFTER
+        assert costs.observed >= EngineCosts.SAVE_AFTER
     assert all(e["source"] != "refined" for e in entries(cache).values())
     assert entries(cache) == before

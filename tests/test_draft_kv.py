@@ -62,8 +62,7 @@ def test_the_draft_takes_the_targets_cells_instead_of_reading_the_prompt(smollm2
         assert held == (tokens + spec.tokens)[:len(held)] and len(held) > len(tokens)
 
         # The control: without the cells the draft reads the prompt, chunk by chunk.
-        eng._drafting.shares_kv = False
-        eng._drafting._by_kind.clear()
+        eng._drafting.share_target_cells(False)
         eng.draft.truncate(0)
         again = eng.generate(prompt, max_tokens=32, sampling=GREEDY, raw=True)
         assert again.stats.loop.caught_up > 64 and _reading(eng).taken == 0
@@ -93,8 +92,7 @@ def test_a_short_prompt_is_copied_too_and_the_copy_passes_through_one_reused_buf
         assert reading._buffer is buffer and again.tokens == spec.tokens
 
         # The control: without the cells the draft's first step reads the prompt itself.
-        eng._drafting.shares_kv = False
-        eng._drafting._by_kind.clear()
+        eng._drafting.share_target_cells(False)
         eng.draft.truncate(0)
         read = eng.generate(prompt, max_tokens=24, sampling=GREEDY, raw=True)
         assert read.stats.loop.caught_up >= len(tokens) - 1 and _reading(eng).taken == 0

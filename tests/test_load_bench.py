@@ -17,10 +17,10 @@ def test_the_load_bench_runs_every_setting_and_ends_its_busy_processes(smollm2_f
                                                                         smollm2_q4_path):
     said = []
     with Engine.load(target=smollm2_f32_path, draft=smollm2_q4_path, n_ctx=1024) as eng:
-        costs = eng._drafting.costs
+        costs = eng.costs
         res = run_load_bench(eng, ["Name a colour.", "Count to three."], load=1, max_tokens=4,
                              raw=False, peers=False, log=said.append)
-        assert eng._drafting.costs is costs and eng.threads["adaptive"]   # as it was
+        assert eng.costs is costs and eng.threads["adaptive"]   # as it was
     most = eng.target.config.n_threads
     settings = [f"pinned {t}" for t in range(1, most + 1)] + ["adaptive"]
     assert res["settings"] == settings and res["conditions"] == ["idle", "1 busy"]

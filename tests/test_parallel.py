@@ -46,7 +46,7 @@ def run_interleaved(runs: int = N_RUNS, turns: bool = False) -> tuple[np.ndarray
     lanes = Lanes(target, draft, None, 3, plan=lambda asks: plan_round(
         asks, BatchCosts(costs.bare, 0.0, lambda b: 0.05 + 0.01 * (np.asarray(b) - 1))))
     if turns:
-        lanes.rounds.turns = lambda: True
+        lanes.rounds.take_turns_when(lambda: True)
     done = threading.Event()
     out = np.zeros((runs, N_NEW), dtype=np.int64)
     errors: list[BaseException] = []

@@ -164,7 +164,7 @@ def test_kv_caches_hold_exactly_the_committed_text(smollm2_f32_path, smollm2_q4_
     (tests/test_draft_kv.py checks the copies).
     """
     with Engine.load(target=smollm2_f32_path, draft=smollm2_q4_path, draft_max=8) as eng:
-        eng._drafting.shares_kv = False
+        eng._drafting.share_target_cells(False)
         for seed in range(11, 31):
             out = eng.generate(PROMPTS[3], max_tokens=200,
                                sampling=SamplingParams(temperature=1.5, top_k=0, top_p=1.0,

@@ -3,6 +3,7 @@
 - :mod:`.runtime` — backend initialisation, its log, the ggml library, devices, heap trim
 - :mod:`.model` — :class:`LlamaModel`: one GGUF and its context (eval, truncate, tokenize)
 - :mod:`.sequence` — one sequence of a context (a lane's cache), its states copied aside
+- :mod:`.step_hooks` — what a model tells of each pass (the thread governors' hooks)
 - :mod:`.weights` — loading a GGUF's weights, with or without the extra CPU buffers
 - :mod:`.embedding` — an embedding model's context and pooling
 - :mod:`.tap` — the eval-callback tap that reads the final hidden state

@@ -19,7 +19,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -32,6 +32,7 @@ from ..lm import VocabInfo
 from .runtime import ensure_init, ggml, gpu_devices
 from .rollback import is_recurrent
 from .sequence import KVSequence, ModelState, check_parts, plan_calls
+from .step_hooks import StepHooks
 from .tap import Tap
 from .vocab import HasVocabulary, Vocabulary
 from .weights import free_context, load_weights, output_rows
@@ -41,7 +42,7 @@ _FLASH_ATTN = {"auto": C.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": C.LLAMA_FLASH_ATTN_TY
 _DECODE_ERRORS = {1: "no room in the KV cache", 2: "aborted", -1: "invalid batch"}
 
 
-class LlamaModel(HasVocabulary):
+class LlamaModel(HasVocabulary, StepHooks):
     """One GGUF model and one llama.cpp context (see the module docstring)."""
 
     endpoints: tuple = ()       # RPC workers holding its layers: none (RemoteModel's have)
@@ -68,10 +69,6 @@ class LlamaModel(HasVocabulary):
         self.lock = threading.RLock()
         self.decode_seconds = 0.0     # wall time inside llama_decode, cumulative
         self.n_threads = config.n_threads
-        # Told each llama_decode's token count, logits rows and seconds; returns the thread
-        # count for the next (edgespec.engine.threads); None: no one is told.
-        self.on_step: Optional[Callable[[int, int, float], int]] = None
-        self.before_step: Optional[Callable[[], int]] = None     # threads for the next pass
         self._last_spans: list = []   # the last call's (first batch index, rows) per part
 
         self._devices = devices     # llama.cpp keeps the pointer: keep the array alive

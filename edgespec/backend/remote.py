@@ -23,7 +23,7 @@ import struct
 import subprocess
 import sys
 import tempfile
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -32,6 +32,7 @@ from ..errors import BackendError, ContextOverflowError, ModelLoadError, RPCErro
 from ..gguf_file import GGUFInfo, check_causal_lm, read_gguf
 from .model import LlamaModel
 from .sequence import ModelState, check_eval
+from .step_hooks import StepHooks
 from .rpc import probe, where
 from .vocab import HasVocabulary, VocabOnly
 
@@ -67,7 +68,7 @@ def _read_exact(fd: int, n: int) -> bytes:
     return b"".join(parts)
 
 
-class RemoteModel(HasVocabulary):
+class RemoteModel(HasVocabulary, StepHooks):
     """A :class:`~edgespec.lm.LanguageModel` whose llama.cpp context runs in a child process
     with the layers on ``config.rpc``'s workers (see the module docstring)."""
 
@@ -88,8 +89,6 @@ class RemoteModel(HasVocabulary):
         self.tokens: list[int] = []
         self.decode_seconds = 0.0
         self.n_threads = config.n_threads
-        self.on_step: Optional[Callable[[int, int, float], int]] = None
-        self.before_step: Optional[Callable[[], int]] = None
         self.n_outputs_max = min(config.n_outputs_max, config.n_batch)
         self._rows = self.n_outputs_max * self.n_vocab
         self._shm = tempfile.TemporaryFile(prefix="edgespec-logits-")
@@ -348,8 +347,8 @@ def _child(fd_in: int, fd_out: int, fd_logits: int) -> None:  # pragma: no cover
             if op == "load":
                 config, n_out = args
                 model = LlamaModel(config, devices=model_devices(config.rpc))
-                model.on_step = (lambda n, rows, s, m=model:
-                                 steps.append((n, rows, s)) or m.n_threads)
+                model.set_step_hooks(lambda n, rows, s, m=model:
+                                     steps.append((n, rows, s)) or m.n_threads, None)
                 size = n_out * model.n_vocab * 4
                 logits = np.frombuffer(mmap.mmap(fd_logits, size), dtype=np.float32).reshape(
                     n_out, model.n_vocab)

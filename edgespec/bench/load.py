@@ -87,7 +87,7 @@ def run_load_bench(engine, prompts: list[str], *, load: int, max_tokens: int, ra
                                   cpu_extra_buffers=engine.target.config.cpu_extra_buffers)
         cells.update({(c, "llama-cpp-python", "plain"): LoadCell() for c in conditions})
     token_prompts = [engine.prompt_tokens(p, raw=raw) for p in prompts]
-    costs = engine._drafting.costs          # None with a pinned draft length
+    costs = engine.costs          # None with a pinned draft length
     own_costs: dict = {}
     try:
         for r in range(repeats):

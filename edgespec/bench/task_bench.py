@@ -210,7 +210,7 @@ def run_task_bench(engine, *, tasks: tuple = TASKS, max_tokens: int,
     finally:
         for e in every:
             cold(e)
-    costs = engine._drafting.costs      # (as refined by the runs)
+    costs = engine.costs      # (as refined by the runs)
     res = summarise(cells, configs, default,
                     costs.perfect_drafts(engine.target.n_outputs_max) if costs else None)
 

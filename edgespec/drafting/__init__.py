@@ -6,7 +6,8 @@
   estimates: the cost oracle its plans and the reading and hybrid decisions consult
 - :mod:`.costs` — what drafting and verifying cost: :class:`Costs`, refined while decoding;
   :mod:`.calibration` — measuring them; :mod:`.cost_cache` — remembering them on disk
-- :mod:`.model`, :mod:`.ngram`, :mod:`.hybrid` — the three drafters
+- :mod:`.model`, :mod:`.ngram`, :mod:`.hybrid` — the three drafters; :mod:`.factory` — the one a
+  :class:`~edgespec.config.SpecConfig` names, with its length policy
 - :mod:`.reading` — what the draft model's cache reads, and whether catching it up pays
 - :mod:`.reduced_head` — the draft model's output layer over a subset of the vocabulary
 - :mod:`.batch`, :mod:`.gate` — draft lengths planned across streams, and whether

@@ -65,11 +65,29 @@ class Draft:
         d = Draft(source=self.source, seconds=self.seconds, step_seconds=self.step_seconds,
                   extended=self.extended, caught_up=self.caught_up)
         d.add(forced)
-        d.x += self.x
-        d.q += self.q
-        d.confidences += self.confidences
-        d.free += self.free
+        d._append(self)
         return d
+
+    def _append(self, other: "Draft") -> None:
+        self.x += other.x
+        self.q += other.q
+        self.confidences += other.confidences
+        self.free += other.free
+
+    def add_extension(self, tokens: Sequence[int]) -> None:
+        """Append an n-gram continuation found while the model drafted (free tokens, counted
+        in ``extended``)."""
+        self.add(tokens)
+        self.extended = len(tokens)
+
+    def count_catch_up(self, n: int) -> None:
+        """The draft model evaluated ``n`` committed tokens in this call to reach the
+        context (``caught_up``)."""
+        self.caught_up = n
+
+    def took(self, seconds: float) -> None:
+        """The whole call that made this draft took ``seconds``."""
+        self.seconds = seconds
 
     def own(self, n_accepted: int) -> tuple[int, int, list[Optional[float]]]:
         """(k, n, confidences) of the tokens the drafter's policy chose: how many it drafted,

@@ -135,13 +135,12 @@ def rollback_costs(costs: Costs, target: LanguageModel,
         return b1 - b0, b2 - b1
 
     target_cycles = [cycle(target, 2) for _ in range(reps)]
-    costs.checkpoint = min(c[0] for c in target_cycles)
-    costs.restore = min(c[1] for c in target_cycles)
-    costs.redo = costs.restore > 0      # a restored checkpoint is behind the tokens kept
+    fastest = (min(c[0] for c in target_cycles), min(c[1] for c in target_cycles))
+    draft_fastest = None
     if draft is not None:
         draft_cycles = [cycle(draft, 1) for _ in range(reps)]
-        costs.draft += min(c[0] for c in draft_cycles)
-        costs.restore += min(c[1] for c in draft_cycles)
+        draft_fastest = (min(c[0] for c in draft_cycles), min(c[1] for c in draft_cycles))
+    costs.measured_rollback(fastest, draft_fastest)
 
 
 # Context tokens behind the draft steps that measure the draft's attention term.

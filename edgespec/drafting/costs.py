@@ -85,6 +85,32 @@ class Costs:
         self._cov = None
         self._table()
 
+    def measured_rollback(self, target: tuple[float, float],
+                          draft: Optional[tuple[float, float]] = None) -> None:
+        """Going back as measured (:func:`~.calibration.rollback_costs`): the target's
+        (checkpoint, restore) seconds and the draft's, if any: its checkpoint comes before
+        each of its steps (added to :attr:`draft`), its restore to the target's."""
+        self.checkpoint, self.restore = target
+        self.redo = self.restore > 0    # a restored checkpoint is behind the tokens kept
+        if draft is not None:
+            self.draft += draft[0]
+            self.restore += draft[1]
+
+    def adopt_remeasured(self, other: "Costs") -> None:
+        """Take a quiet re-measurement's figures in place (:meth:`adopt`). A calibration
+        measures no attention term: the learned one stays, at the new speed; so does the
+        draft's, where the context left no room to measure it again."""
+        scale = float(other.bare(1.0) / self.bare(1.0))
+        attention = self.attention * scale
+        draft_attention = other.draft_attention or self.draft_attention * scale
+        self.adopt(other)
+        self.attention, self.draft_attention = attention, draft_attention
+
+    def follow(self, position: Callable[[], int]) -> None:
+        """The context the passes follow from now on: ``position()`` tokens
+        (:attr:`position`)."""
+        self.position = position
+
     def __post_init__(self) -> None:
         self._cov: Optional[np.ndarray] = None      # the least squares' (table, attention)
         self._cov_keys: list[int] = []

@@ -79,6 +79,10 @@ class Translation:
         # drafter adds it: masking, restricting, mapping), cumulative
         self.q_seconds = 0.0
 
+    def count_q_seconds(self, seconds: float) -> None:
+        """A draft step's q over the target's ids took ``seconds`` (:attr:`q_seconds`)."""
+        self.q_seconds += seconds
+
     def tokens(self, context: Sequence[int]) -> list[int]:
         """The draft's tokens for ``context`` (a list owned by this object: read, do not
         change it)."""

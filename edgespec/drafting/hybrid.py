@@ -82,7 +82,7 @@ class HybridDrafter:
             caught = self.reading.catch_up(context, worth).caught_up
             if not d.x:
                 d = Draft()
-            d.caught_up = caught
+            d.count_catch_up(caught)
         elif (not d.x or not long_match and self._model_is_better(k_model)) and k_model > 0 \
                 and self._catch_up_pays(context):
             if constraint is not None:
@@ -96,7 +96,7 @@ class HybridDrafter:
             # No match, and the model is not worth drafting with (its plan, or catching it
             # up): a plain round for both sources.
             d = Draft() if k_model > 0 else Draft(source="model")
-        d.seconds = time.perf_counter() - t0
+        d.took(time.perf_counter() - t0)
         return d
 
     def observe(self, draft: Draft, n_accepted: int, verify_seconds: float) -> None:

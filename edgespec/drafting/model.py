@@ -141,7 +141,7 @@ class ModelDrafter:
             ids, vals = self._step(step)
             if not forced:      # the cost model's draft cost is a one-token step's
                 d.step_seconds.append(time.perf_counter() - ts)
-        d.seconds = time.perf_counter() - t0
+        d.took(time.perf_counter() - t0)
         return d
 
     def observe(self, draft: Draft, n_accepted: int, verify_seconds: float) -> None:
@@ -170,8 +170,7 @@ class ModelDrafter:
         if more and constraint is not None:
             more = more[:constraint.consume(more)]
         if more:
-            d.add(more)
-            d.extended = len(more)
+            d.add_extension(more)
         return bool(more)
 
     @staticmethod
@@ -192,7 +191,7 @@ class ModelDrafter:
             return self._own_q(ids, vals, params, tail, constraint, need_conf)
         tq = time.perf_counter()
         found = self._cross_q(ids, vals, params, tail, constraint, need_conf)
-        self.translation.q_seconds += time.perf_counter() - tq
+        self.translation.count_q_seconds(time.perf_counter() - tq)
         return found
 
     def _own_q(self, ids: Optional[np.ndarray], vals: np.ndarray, params: SamplingParams,

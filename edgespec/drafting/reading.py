@@ -246,8 +246,8 @@ class Reading:
             chunk = list(self._view(context)[n:n + self.CATCH_UP_CHUNK])
             self.model.eval(chunk, 0)
             self.measured(len(chunk), time.perf_counter() - t0)
-            d.caught_up = len(chunk)
-        d.seconds = time.perf_counter() - t0
+            d.count_catch_up(len(chunk))
+        d.took(time.perf_counter() - t0)
         return d
 
     def catch_up_worth(self, context: Sequence[int]) -> bool:

@@ -119,10 +119,14 @@ class ReducedHead:
         rows of its own: one per stream of an Engine that decodes several at once, each
         following its own conversation."""
         other = object.__new__(ReducedHead)
-        other.model, other.n_vocab, other.ids, other._shared, other.wt = (
-            self.model, self.n_vocab, self.ids, self._shared, self.wt)
-        other._start(len(self._extra_ids))
+        other._share_base(self)
         return other
+
+    def _share_base(self, base: "ReducedHead") -> None:
+        """Made by ``base.sibling()``: its base rows, extra rows of this head's own."""
+        self.model, self.n_vocab, self.ids, self._shared, self.wt = (
+            base.model, base.n_vocab, base.ids, base._shared, base.wt)
+        self._start(len(base._extra_ids))
 
     @property
     def size(self) -> int:

@@ -5,7 +5,11 @@
   loop carries out
 - :mod:`.prompting` — a request's prompt as tokens (chat template, tools, thinking, grammar)
 - :mod:`.generation` — one generation from its tokens to its result, through the loop
-- :mod:`.drafting` — an Engine's drafters, the costs they share, each generation's speculation
+- :mod:`.drafting` — an Engine's drafters per lane and kind of sampling, each generation's
+  speculation; from its rooms: :mod:`.costing` — the costs they share (calibration,
+  re-measuring, saving), :mod:`.gating` — the batch gate over the rounds,
+  :mod:`.translations` — each lane's translation for a draft of another vocabulary,
+  :mod:`.draft_limit` — the longest drafts the target verifies
 - :mod:`.lanes`, :mod:`.rounds`, :mod:`.stream_model` — generations at once: each holds a
   lane (a sequence of both models' caches); their passes are batched into rounds
 - :mod:`.streams` — :class:`Stream` and :class:`AsyncStream`, a generation as it happens

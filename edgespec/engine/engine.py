@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from .. import config
-from ..backend import (VocabMap, backend_info, check_pair, open_pair, placement, same_network,
+from ..backend import (VocabMap, backend_info, open_pair, placement,
                       release_free_heap, rpc_endpoints)
 from ..config import ModelConfig, SpecConfig, check_parallel, check_streams, split_settings
-from ..drafting import HEAD_MIN_VOCAB, ReducedHead
+from ..drafting import HEAD_MIN_VOCAB, Costs, ReducedHead
 from .drafting import EngineDrafting
 from ..embedding import Embedder, Embeddings, Inputs
 from ..errors import EngineClosedError, InvalidParameterError
@@ -63,19 +63,14 @@ class Engine:
         self.target = target
         self.draft = draft
         self.draft_choice = draft_choice    # a draft chosen here (load's draft="auto"), and why
-        # A draft of another vocabulary drafts through a map between the two ("check": the
-        # pair was not checked yet; None: the draft shares the target's tokenizer).
-        if isinstance(vocab_map, str):
-            vocab_map = check_pair(target, draft) if draft is not None else None
-        self.vocab_map: Optional[VocabMap] = vocab_map
         # Held while the models are used outside a generation (tokenizing, info), and by close()
         self._life = threading.Lock()
         self._prompter = Prompter(target, self._life)
         self.template = self._prompter.template
         self._drafting = EngineDrafting(
             spec, target, draft, draft_head, vocab_map=vocab_map, recalibrate=recalibrate,
-            progress=progress, streams=streams,
-            shares_kv=draft is not None and vocab_map is None and same_network(target, draft))
+            progress=progress, streams=streams)
+        self.vocab_map: Optional[VocabMap] = self._drafting.vocab_map
         self.draft_head = self._drafting.head       # (a reduced output layer, or None)
         # Threads following the machine's load (threads.py), a governor a model; none if pinned
         self._threads = EngineThreads(target, draft, self._drafting.costs, adaptive_threads)
@@ -187,11 +182,19 @@ class Engine:
 
         Raises :class:`~edgespec.errors.InvalidParameterError` when the Engine has no drafter,
         or when this Engine's target cannot verify that many tokens in one pass (the rows of
-        logits it returns per pass are fixed when it is loaded; load it with
-        ``draft_max=K`` for longer drafts).
-        """
+        logits it returns per pass are fixed when it is loaded; load it with ``draft_max=K``
+        for longer drafts); :func:`~edgespec.engine.draft_limit.with_draft_max` checks."""
         with self._life:
             self._drafting.set_draft_max(draft_max)
+
+    @property
+    def costs(self) -> Optional[Costs]:
+        """The drafters' cost model, to read (refined in place; None: a pinned length)."""
+        return self._drafting.costs
+
+    def note_draft_choice(self, choice) -> None:
+        """A draft chosen for this pair before it was loaded: which and why (a shell's)."""
+        self.draft_choice = choice
 
     # -- information ----------------------------------------------------------------------
 
@@ -362,11 +365,7 @@ class Engine:
             job.close()
         self.lanes.wait_idle()
         self.lanes.rounds.close()
-        # Refined costs are kept for the next session when they describe every thread: each
-        # governor has run its last steps at its full count (the costs' moving averages have
-        # forgotten a spell on fewer threads by then).
-        if self._threads.settled:
-            self._drafting.save_refined()
+        self._drafting.save_refined(settled=self._threads.settled)
         self.prompt_cache.forget()
         with self._life:
             self._embedder.close()          # its context is made on the target's weights

@@ -51,10 +51,12 @@ def prefill(model: LanguageModel, prompt: list[int],
     return len(model.tokens) - keep, None
 
 
-def new_stats(prepared: Prepared) -> GenerationStats:
-    """``prepared``'s statistics before anything ran (a result that never started has these)."""
+def new_stats(prepared: Prepared, loop: Optional[LoopStats] = None,
+              **figures) -> GenerationStats:
+    """The statistics of ``prepared``: before anything ran (a result that never started has
+    these), or with the decoding loop's counters (``loop``) and the ``figures`` measured."""
     return GenerationStats(prompt_tokens=len(prepared.prompt), speculative=prepared.speculative,
-                           loop=LoopStats())
+                           loop=loop if loop is not None else LoopStats(), **figures)
 
 
 def not_started(prepared: Prepared) -> Generation:
@@ -76,31 +78,31 @@ def run_generation(job: Job, lanes: Lanes, prepared: Prepared,
     """
     lane = lanes.enter(job, prepared.prompt, prepared.request.max_tokens)
     if lane is None:                  # cancelled, or the Engine closed, while queued
-        job.result = job.cancelled_result
+        job.finish(job.cancelled_result)
         return
     member, rounds = lane.member, lanes.rounds
-    member.cancelled, member.prompting = job.cancelled.is_set, True
+    member.enter(job.cancelled.is_set)
     rounds.join(member, job.arrival)
-    job.on_advance = lambda on: rounds.running(member) if on else rounds.parked(member)
+    job.report_advances(lambda on: rounds.running(member) if on else rounds.parked(member))
     run = _Run(lane, prepared, job.cancelled, cache)
     try:
         run.prefill()
         yield from run.events()
         run.finish_text()
     except GeneratorExit:             # closed mid-stream: the output is what was yielded
-        run.finish_reason = "cancelled"
+        run.cancelled_here()
         raise
     except Cancelled:                 # cancelled while its pass waited for the others'
-        run.finish_reason = "cancelled"
+        run.cancelled_here()
     except BaseException as e:        # the caller gets the exception, not a result
-        job.error = e
+        job.fail(e)
         raise
     finally:
         run.close()
-        job.on_advance = None
+        job.report_advances(None)
         rounds.leave(member)
         if job.error is None:
-            job.result = run.result()
+            job.finish(run.result())
         lanes.leave(lane)
     if run.tail:
         yield StreamEvent(run.tail, run.tokens[-1] if run.tokens else -1, False)
@@ -120,7 +122,8 @@ class _Run:
         self.models: list[LoadedModel] = [self.target] + (
             [self.draft] if self.draft is not None else [])
         self.drafter = None             # asked for when the lane is held (prefill)
-        self.stats = new_stats(prepared)
+        self.loop = LoopStats()         # the decoding loop's counters
+        self.figures: dict = {}         # the rest of its GenerationStats, as measured
         self.tokens: list[int] = []
         self.logprobs: list[TokenLogprob] = []
         self.text: list[str] = []
@@ -145,17 +148,17 @@ class _Run:
         t0 = self.t0 = time.perf_counter()
         want = self.prepared.prompt[:-1]
         if self.cache is not None:
-            self.stats.prompt_tokens_restored = self.cache.prepare(self.target, want)
-        self.stats.prompt_tokens_evaluated, self.first_row = prefill(
+            self.figures["prompt_tokens_restored"] = self.cache.prepare(self.target, want)
+        self.figures["prompt_tokens_evaluated"], self.first_row = prefill(
             self.target, self.prepared.prompt, self.cancelled)
-        self.lane.member.prompting = False
+        self.lane.member.prompted()
         if self.draft is not None:
             want = spec.draft_tokens(self.lane, want)
             if self.cache is not None:
                 self.cache.prepare(self.draft, want, companion=self.head)
             self.draft.truncate(common_prefix(self.draft.tokens, want))
         self.t_decode = time.perf_counter()
-        self.stats.prompt_seconds = self.t_decode - t0
+        self.figures["prompt_seconds"] = self.t_decode - t0
         self.llama0 = sum(m.decode_seconds for m in self.models)
         self.back0 = sum(m.rollback_seconds for m in self.models)
         self.head0 = self.head.seconds if self.head is not None else 0.0
@@ -172,13 +175,13 @@ class _Run:
                             params=req.sampling,
                             rng=np.random.default_rng(req.sampling.seed),
                             max_tokens=req.max_tokens, drafter=self.drafter,
-                            stats=self.stats.loop, should_stop=self.cancelled.is_set,
+                            stats=self.loop, should_stop=self.cancelled.is_set,
                             constraint=prepared.grammar, logprobs=req.logprobs,
                             verifier=(prepared.speculation.verifier if prepared.speculation
                                       else "block"))
         for step in self.steps:
-            if not self.stats.first_token_seconds:
-                self.stats.first_token_seconds = time.perf_counter() - self.t0
+            if not self.figures.get("first_token_seconds"):
+                self.figures["first_token_seconds"] = time.perf_counter() - self.t0
             if step.token in eog:
                 self.finish_reason = "stop"
                 return
@@ -199,6 +202,10 @@ class _Run:
         # the loop ended by itself: the budget or the context's edge, or a cancel
         self.finish_reason = "cancelled" if self.cancelled.is_set() else "length"
 
+    def cancelled_here(self) -> None:
+        """It ended cancelled: closed mid-stream, or its pass dropped while it waited."""
+        self.finish_reason = "cancelled"
+
     def finish_text(self) -> None:
         """The text a stop string's check held back, now that no stop string can follow."""
         self.tail = self.assembler.finish()
@@ -210,20 +217,20 @@ class _Run:
             self.steps.close()
         if self.t_decode is None:       # failed before decoding
             return
-        s, lp = self.stats, self.stats.loop
-        s.decode_seconds = time.perf_counter() - self.t_decode
-        s.llama_seconds = sum(m.decode_seconds for m in self.models) - self.llama0
-        s.rollback_seconds = sum(m.rollback_seconds for m in self.models) - self.back0
-        s.head_seconds = self.head.seconds - self.head0 if self.head is not None else 0.0
-        s.completion_tokens = len(self.tokens)
-        s.target_threads = self.target.n_threads
-        s.draft_threads = self.draft.n_threads if self.draft is not None else 0
+        s, lp = self.figures, self.loop
+        s["decode_seconds"] = time.perf_counter() - self.t_decode
+        s["llama_seconds"] = sum(m.decode_seconds for m in self.models) - self.llama0
+        s["rollback_seconds"] = sum(m.rollback_seconds for m in self.models) - self.back0
+        s["head_seconds"] = self.head.seconds - self.head0 if self.head is not None else 0.0
+        s["completion_tokens"] = len(self.tokens)
+        s["target_threads"] = self.target.n_threads
+        s["draft_threads"] = self.draft.n_threads if self.draft is not None else 0
         if lp.plain_passes >= 4:        # its own plain rounds: the most like-for-like
-            s.plain_pass_seconds = lp.plain_seconds / lp.plain_passes
+            s["plain_pass_seconds"] = lp.plain_seconds / lp.plain_passes
         elif self.prepared.speculative:
-            s.plain_pass_seconds = self.prepared.speculation.plain_cost() or 0.0
+            s["plain_pass_seconds"] = self.prepared.speculation.plain_cost() or 0.0
         if self.prepared.grammar is not None:
-            s.grammar_seconds = self.prepared.grammar.seconds
+            s["grammar_seconds"] = self.prepared.grammar.seconds
         spec = self.prepared.speculation
         if spec is not None and spec.index is not None:
             # What this request read and wrote, for the next ones to draft from.
@@ -231,6 +238,7 @@ class _Run:
 
     def result(self) -> Generation:
         prepared = self.prepared
-        out = Generation("".join(self.text), self.tokens, self.finish_reason, self.stats,
+        out = Generation("".join(self.text), self.tokens, self.finish_reason,
+                         new_stats(prepared, self.loop, **self.figures),
                          logprobs=self.logprobs if prepared.request.logprobs is not None else None)
         return prepared.finish(out) if prepared.finish is not None else out

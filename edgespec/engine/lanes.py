@@ -69,9 +69,18 @@ class Lane:
     draft: Optional[StreamModel]
     head: Optional["ReducedHead"]
     rounds: Rounds
-    # The earlier requests its generation drafts from: set by its Speculation.drafter, read
+    # The earlier requests its generation drafts from: told by its Speculation.drafter, read
     # by the lane's n-gram drafter (engine/drafting.py, both).
     suffix: Optional["SuffixIndex"] = None
+
+    def draft_from(self, index: Optional["SuffixIndex"]) -> None:
+        """The generation now in this lane drafts from the earlier requests of ``index``
+        (None: its context only)."""
+        self.suffix = index
+
+    def suffix_index(self) -> Optional["SuffixIndex"]:
+        """The earlier requests the generation in this lane drafts from (None: none)."""
+        return self.suffix
 
     def plan(self, ask) -> int:
         """This lane's draft length for the round, planned with the other lanes'."""

@@ -16,10 +16,9 @@ and prompt chunks.
 While the streams *take turns* (``turns()``: the batch gate measured that sharing passes
 loses to running them one after another, :mod:`edgespec.drafting.gate`), a pass serves one
 member only: the one whose turn it is plans alone, drafts and has its verify pass, and when
-it asks for its next round the turn goes to the next member with a request; prompts still
-go first. Each stream's rounds
-are then those it would run alone, so the streams together go as fast as one after another,
-and none waits for another's whole answer for its first token.
+it asks for its next round the turn goes to the next member with a request; prompts still go
+first. Each stream's rounds are then those it would run alone, so the streams together go as
+fast as one after another, and none waits for another's whole answer for its first token.
 
 Clients that send at once reach the Engine a few milliseconds apart (a server reads their
 requests one by one), so a prompt pass that could fire waits while a stream is *arriving*
@@ -28,20 +27,18 @@ pass rather than after the first's whole pass. The wait ends when the stream joi
 queues for a lane instead, and after at most half a prompt pass (``HOLD``, ``HOLD_MAX``).
 
 A stream whose reader is away (between two tokens, or not reading) is *parked*: it holds no
-one up, except for a short ``grace`` right after it parked, so that a reader that is only
-moving its token along (a server writing it to a socket) joins the same pass. Only one pass
-is in flight at a time (the CPU's cores are one resource). A member that leaves, or is
-cancelled while it waits, lets the others go on at once.
+one up, except for a short ``grace`` right after it parked, so that a reader only moving its
+token along (a server writing it to a socket) joins the same pass. One pass is in flight at a
+time (the cores are one resource). A member that leaves, or is cancelled while it waits, lets
+the others go on at once.
 
-Every pass runs on one thread of the rounds' own, whichever stream's thread served it:
-llama.cpp's CPU backend computes a pass with an OpenMP team that belongs to the thread that
-calls it, and each team's threads spin for a while after their pass. Passes called from
-several streams' threads in turn keep several teams on the cores (measured, Gemma 270M pair
-on 2 cores, two streams taking turns, BLAS on one thread: 6.5 s from the streams' threads,
-5.0 s from one pass thread, for what takes 3.5 s one after another).
+Every pass runs on one thread of the rounds' own: llama.cpp's CPU backend computes a pass
+with an OpenMP team of the calling thread, whose threads spin a while after it; passes from
+several streams' threads keep several teams on the cores (Gemma 270M pair, 2 cores, two
+streams taking turns: 6.5 s from their threads, 5.0 s from one, 3.5 s one after another).
 
-The rows a pass returns are views of llama.cpp's buffer, valid until that model's next pass,
-which cannot start before every member is waiting again, i.e. done with its rows.
+The rows a pass returns are views of llama.cpp's buffer, valid until that model's next pass
+(which waits for every member to wait again, i.e. to be done with its rows).
 """
 
 from __future__ import annotations
@@ -70,6 +67,26 @@ class Member:
     cancelled: Callable[[], bool] = lambda: False
     prompting: bool = False     # its prompt is being evaluated (its passes go first)
 
+    def enter(self, cancelled: Callable[[], bool]) -> None:
+        """A generation takes this place (``cancelled``: its flag); its prompt goes first."""
+        self.cancelled, self.prompting = cancelled, True
+
+    def prompted(self) -> None:
+        """Its prompt is read: its passes no longer go first."""
+        self.prompting = False
+
+    def compute(self) -> None:
+        """Its stream computes (until it waits for a pass or parks)."""
+        self.state = RUNNING
+
+    def park(self) -> None:
+        """Its reader has its token and is away (since now)."""
+        self.state, self.since = PARKED, time.monotonic()
+
+    def wait(self) -> None:
+        """Its stream waits for a pass or a plan."""
+        self.state = WAITING
+
 
 @dataclass(eq=False)
 class _Call:
@@ -84,6 +101,18 @@ class _Call:
     done: bool = False
     result: Any = None
     error: Optional[BaseException] = None
+
+    def answer(self, result: Any) -> None:
+        """What its pass or plan gave it (done once :meth:`served`)."""
+        self.result = result
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error              # (the pass raised it: the request's caller raises it)
+
+    def served(self) -> None:
+        """Done: its stream computes from now on, though its thread has yet to wake."""
+        self.done = True
+        self.member.compute()
 
 
 class Rounds:
@@ -151,7 +180,7 @@ class Rounds:
         """``member``'s stream decodes from now on (it computes until it waits or parks);
         ``arrival``: its key from :meth:`arriving`."""
         with self._cond:
-            member.state = RUNNING
+            member.compute()
             self._members[member] = None
             self._arrivals.pop(arrival, None)
             self.joins += 1
@@ -167,12 +196,12 @@ class Rounds:
     def running(self, member: Member) -> None:
         """The member's reader asks for its next token: it computes again."""
         with self._cond:
-            member.state = RUNNING
+            member.compute()
 
     def parked(self, member: Member) -> None:
         """The member's reader has its token and is away."""
         with self._cond:
-            member.state, member.since = PARKED, time.monotonic()
+            member.park()
             self._cond.notify_all()
 
     def close(self) -> None:
@@ -183,6 +212,10 @@ class Rounds:
         """Let waiting members look at their cancel flags again."""
         with self._cond:
             self._cond.notify_all()
+
+    def take_turns_when(self, turns: Callable[[], bool]) -> None:
+        """The streams take turns while ``turns()`` says so (the batch gate's regime)."""
+        self.turns = turns
 
     @property
     def size(self) -> int:
@@ -208,7 +241,7 @@ class Rounds:
 
     def _wait(self, call: _Call) -> Any:
         with self._cond:
-            call.member.state = WAITING
+            call.member.wait()
             self._queue.append(call)
             try:
                 while not call.done:
@@ -222,7 +255,7 @@ class Rounds:
                     else:
                         self._cond.wait(timeout)
             finally:
-                call.member.state = RUNNING
+                call.member.compute()
         if call.error is not None:
             raise call.error
         return call.result
@@ -268,8 +301,8 @@ class Rounds:
             asks = [r.part[0] for r in plans]
             ks = self._plan(asks) if self._plan is not None else asks
             for r, k in zip(plans, ks):
-                r.result, r.done = k, True
-                r.member.state = RUNNING        # it computes from here, before it wakes
+                r.answer(k)
+                r.served()          # it computes from here, before it wakes
             self._queue = [r for r in self._queue if r not in plans]
             self._cond.notify_all()
             return
@@ -295,7 +328,7 @@ class Rounds:
             for r in group:
                 # Served: its stream computes from now on, though its thread has yet to
                 # wake; no other pass may fire without its next request.
-                r.done, r.member.state = True, RUNNING
+                r.served()
             self._cond.notify_all()
 
     def _turn_queue(self) -> list[_Call]:
@@ -327,11 +360,11 @@ class Rounds:
                 hidden = model.decode_hidden([r.part for r in group])
                 rows = model.last_rows() if hidden is None else None
                 for i, r in enumerate(group):
-                    r.result = (hidden[i], None) if hidden is not None else (None, rows[i])
+                    r.answer((hidden[i], None) if hidden is not None else (None, rows[i]))
             else:
                 out = model.decode([r.part for r in group])
                 for r, rows in zip(group, out):
-                    r.result = rows
+                    r.answer(rows)
             rows = sum(len(r.part[1]) for r in group)      # the tokens the pass evaluated
             if len(group) > 1:
                 self.passes += 1
@@ -351,8 +384,7 @@ class Rounds:
                               context)
         except BaseException as e:  # noqa: BLE001 - each request's caller raises it
             for r in group:
-                r.error = e
-
+                r.fail(e)
 
     def _count(self, starts: list, decoding: bool) -> None:
         """Add what each stream committed since its last pass of the target (a prompt's

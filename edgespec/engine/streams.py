@@ -54,6 +54,37 @@ class Job:
         # for a token and when it has it (edgespec.engine.rounds); None outside a slot.
         self.on_advance: Optional[Callable[[bool], None]] = None
 
+    def attach(self, events: Generator) -> None:
+        """``events`` is the generator this job's stream advances (known weakly)."""
+        self.generator = weakref.ref(events)
+
+    def report_advances(self, on_advance: Optional[Callable[[bool], None]]) -> None:
+        """Tell ``on_advance`` when the reader asks for a token (True) and when it has it
+        (False): the job's place in the batched passes while it holds a lane; None: no
+        one is told."""
+        self.on_advance = on_advance
+
+    def begin_advance(self) -> None:
+        """A thread (this one) goes inside ``next()``."""
+        self.advancing = True
+        self.consumer = threading.get_ident()
+        if self.on_advance is not None:
+            self.on_advance(True)
+
+    def end_advance(self) -> None:
+        """The thread inside ``next()`` came out (a token, the end, or an error)."""
+        self.advancing = False
+        if self.on_advance is not None:
+            self.on_advance(False)
+
+    def finish(self, result: Any) -> None:
+        """The generation ended with ``result`` (a Generation)."""
+        self.result = result
+
+    def fail(self, error: BaseException) -> None:
+        """The generation ended with ``error`` (raised to whoever advanced it) instead."""
+        self.error = error
+
     def cancel(self) -> None:
         """Stop this generation; never blocks.
 
@@ -97,7 +128,7 @@ class Stream:
     def __init__(self, job: Job, events: Generator):
         self._job = job
         self._events = events
-        job.generator = weakref.ref(events)
+        job.attach(events)
 
     @property
     def result(self):
@@ -117,16 +148,11 @@ class Stream:
     def __next__(self):
         job = self._job
         with job.step:
-            job.advancing = True
-            job.consumer = threading.get_ident()
-            if job.on_advance is not None:
-                job.on_advance(True)
+            job.begin_advance()
             try:
                 return next(self._events)
             finally:
-                job.advancing = False
-                if job.on_advance is not None:
-                    job.on_advance(False)
+                job.end_advance()
 
     def cancel(self) -> None:
         self._job.cancel()

@@ -174,7 +174,7 @@ def govern(target: "LoadedModel", draft: Optional["LoadedModel"], costs=None,
     for name, model in (("target", target), ("draft", draft)):
         if model is None:
             continue
-        model.on_step = model.before_step = None
+        model.set_step_hooks(None, None)
         model.set_threads(pin or model.config.n_threads)
         if pin is not None:
             continue
@@ -275,8 +275,7 @@ def _attach(model: "LoadedModel", gov: ThreadGovernor, shaped: bool, longest: in
         if n_tokens == 1 or (shaped and n_logits == n_tokens <= longest):
             return gov.observe(n_tokens, seconds)
         return gov.threads
-    model.on_step = on_step
-    model.before_step = gov.before
+    model.set_step_hooks(on_step, gov.before)
 
 
 @contextmanager
@@ -287,11 +286,11 @@ def governors_suspended(*models: Optional["LoadedModel"]) -> Iterator[None]:
     :func:`govern`, the only code that sets the models' step hooks."""
     saved = [(m, m.on_step, m.before_step, m.n_threads) for m in models if m is not None]
     for m, _, _, _ in saved:
-        m.on_step = m.before_step = None
+        m.set_step_hooks(None, None)
         m.set_threads(m.config.n_threads)
     try:
         yield
     finally:
         for m, after, before, n in saved:
-            m.on_step, m.before_step = after, before
+            m.set_step_hooks(after, before)
             m.set_threads(n)
