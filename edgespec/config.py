@@ -1,4 +1,6 @@
 """Frozen configuration objects, validated on construction, and the home of the defaults.
+``ModelConfig.streams`` is the exception: it is checked where it enters, by
+:func:`check_streams`, as ``parallel`` is by :func:`check_parallel` (the only checks of both).
 
 Each invalid value raises :class:`~edgespec.errors.InvalidParameterError` naming the
 parameter and its valid range, so a typo at the command line or in an HTTP body gets the same

@@ -1,5 +1,6 @@
-"""A stream's view of a model: :class:`StreamModel`, the :class:`~edgespec.lm.LoadedModel`
-one generation decodes on when an Engine serves several at once.
+"""A stream's view of a model: :class:`StreamModel`, the model every generation of an Engine
+decodes on, alone or beside others (the model protocol's passes and cache; the thread count and
+step hooks stay the backend model's).
 
 Its cache is one sequence of the model's context (``tokens``, ``truncate``, the prompt cache's
 ``save_state``/``restore_state`` act on that sequence alone); its passes (``eval``,
