@@ -313,3 +313,77 @@ def test_no_function_is_over_the_line_limit():
                     long[f"{path.relative_to(PKG).as_posix()}:{node.lineno} {node.name}"] = n
     assert len(MODULES) > 100
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+# The server's modules that answer no HTTP themselves: the parsers, what they share, the
+# replies (docs/architecture.md: "plain Python"); and the command, which loads uvicorn only
+# inside the functions that serve.
+HTTP_STACK = ("starlette", "uvicorn")
+
+
+def http_free(rel: str) -> bool:
+    return rel.startswith("server/") and rel.rsplit("/", 1)[-1] in (
+        "request.py", "replies.py", "options.py", "wire.py")
+
+
+def third_party_imports(source: str, top_level_only: bool = False) -> set[str]:
+    """The top packages ``source`` imports absolutely, at any depth (or only at its top
+    level, not inside a function)."""
+    nodes = ast.parse(source).body if top_level_only else ast.walk(ast.parse(source))
+    out = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def http_leaks(sources: dict[str, str]) -> list[str]:
+    """Of ``sources`` ({path under edgespec/: text}): the parsers and replies that import the
+    HTTP stack at all, and a server command that imports it at its top level."""
+    bad = [rel for rel, text in sources.items()
+           if http_free(rel) and third_party_imports(text) & set(HTTP_STACK)]
+    command = sources.get("server/command.py")
+    if command is not None and third_party_imports(command, top_level_only=True) \
+            & set(HTTP_STACK):
+        bad.append("server/command.py")
+    return sorted(bad)
+
+
+def test_the_parsers_and_replies_are_plain_python():
+    sources = {p.relative_to(PKG).as_posix(): p.read_text() for p in MODULES.values()}
+    free = [rel for rel in sources if http_free(rel)]
+    assert len(free) >= 9 and "server/wire.py" in free     # each API's parser and replies
+    assert "uvicorn" in third_party_imports(sources["server/command.py"])   # (when it serves)
+    assert not http_leaks(sources), f"the HTTP stack imported by: {http_leaks(sources)}"
+
+
+def test_http_leaks_are_caught():
+    """A parser importing Starlette anywhere, and the command importing uvicorn at its top
+    level, are found; the command's import inside a function, and the app's, are not."""
+    planted = {"server/openai/request.py": "def f():\n    from starlette.requests import Request\n",
+               "server/ollama/replies.py": "import json\n",
+               "server/command.py": "import uvicorn\n",
+               "server/app.py": "from starlette.applications import Starlette\n"}
+    assert http_leaks(planted) == ["server/command.py", "server/openai/request.py"]
+    planted["server/command.py"] = "def serve():\n    import uvicorn\n"
+    assert http_leaks(planted) == ["server/openai/request.py"]
+
+
+# The loop runs without llama.cpp; the one loop module that imports the backend is
+# embedding.py (docs/architecture.md, "The layers").
+LOOP_BACKEND_IMPORTERS = {"edgespec.embedding"}
+
+
+def loop_backend_importers(graph: dict[str, set[str]]) -> set[str]:
+    loop = dict(LAYERS)["loop"]
+    return {a for a, targets in graph.items() if top_name(a) in loop
+            and any(top_name(b) == "backend" for b in targets)}
+
+
+def test_only_embedding_imports_the_backend_from_the_loop():
+    graph = edges()
+    assert loop_backend_importers(graph) == LOOP_BACKEND_IMPORTERS
+    graph["edgespec.drafting.model"].add("edgespec.backend.model")      # planted
+    assert loop_backend_importers(graph) == LOOP_BACKEND_IMPORTERS | {"edgespec.drafting.model"}
