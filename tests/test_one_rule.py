@@ -210,3 +210,24 @@ def test_parallel_and_streams_reach_the_lanes_under_their_names(smollm2_q4_path)
     from edgespec.server.command import manager_options
     args = build_parser().parse_args(["serve", "--parallel", "2", "--streams", "3"])
     assert manager_options(args)["parallel"] == 2 and args.streams == 3
+
+
+def test_a_keyed_copy_is_not_checked_again(monkeypatch):
+    """The server gives a request its suffix index's key after the API made it: the copy keeps
+    the fields as they were checked (with the API's bounds) and runs no check of its own."""
+    import dataclasses
+
+    from edgespec import config
+    req = GenerationRequest("hi", max_tokens=3, context=8)
+    calls = []
+    post = GenerationRequest.__post_init__
+
+    def counted(self, *bounds):
+        calls.append(bounds)
+        post(self, *bounds)
+    monkeypatch.setattr(GenerationRequest, "__post_init__", counted)
+    keyed = req.keyed("app")
+    assert (keyed.index_key, req.index_key, keyed.max_tokens, calls) == ("app", None, 3, [])
+    # the control: dataclasses.replace would check again, without the API's bounds
+    dataclasses.replace(req, index_key="app")
+    assert calls == [(None, config.MAX_LOGPROBS)]

@@ -17,6 +17,7 @@ bound passes it as the request is made (``context``, ``logprobs_max``, as Sampli
 
 from __future__ import annotations
 
+import copy
 from dataclasses import InitVar, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union
 
@@ -87,6 +88,14 @@ class GenerationRequest:
         if self.infill_files is not None:
             object.__setattr__(self, "infill_files", check_infill_files(self.infill_files,
                                                                         self.suffix))
+
+    def keyed(self, index_key: Optional[str]) -> "GenerationRequest":
+        """This request with ``index_key``. Its fields were checked when it was made, with its
+        API's bounds; a copy is not checked again (``dataclasses.replace`` would, without
+        them)."""
+        out = copy.copy(self)
+        object.__setattr__(out, "index_key", index_key)
+        return out
 
     @classmethod
     def of(cls, prompt: Prompt, **options) -> "GenerationRequest":

@@ -172,8 +172,7 @@ class GenerationPath:
         it asked for one (which takes the lease over from ``leases``), else the whole body."""
         key = request.scope.get(INDEX_KEY)
         if key is not None:
-            req = dataclasses.replace(req, generation=dataclasses.replace(req.generation,
-                                                                          index_key=key))
+            req = dataclasses.replace(req, generation=req.generation.keyed(key))
         gen = await run_in_threadpool(_mapped, lease.engine.asubmit, req)
         endpoint = request.url.path
         # the context it is served with (a num_ctx over the model's is clamped: contexts.py)
