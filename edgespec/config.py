@@ -214,7 +214,7 @@ class SpecConfig:
         return self.k_max if self.is_adaptive else self.fixed_k
 
 
-CPU_EXTRA_BUFFERS = ("auto", "on", "off")
+CPU_EXTRA_BUFFERS = ("auto", "on", "off", "repack")
 # llama.cpp's flash attention (-fa): "auto" is llama.cpp's choice (on for the CPU too: off
 # verifies several drafts at a long context faster but reads prompts and decodes one token
 # slower, measured in docs/decisions.md#flash-attention); "on"/"off" decide.
@@ -261,7 +261,8 @@ class ModelConfig:
     verbose: bool = False
     rpc: tuple = ()           # "HOST:PORT" of the RPC workers that hold its layers
     # llama.cpp's extra CPU buffer types (AMX, repacked weights): "auto" checks once that they
-    # do not fault on this CPU (backend/preflight.py), "on" or "off" decide without a check
+    # do not fault on this CPU (backend/preflight.py), "on" or "off" decide without a check,
+    # "repack": the repacked kernels alone, without AMX (backend/repack.py)
     cpu_extra_buffers: str = "auto"
     flash_attn: str = "auto"        # FLASH_ATTN
     rollback: str = "auto"          # ROLLBACK (recurrent and hybrid models only)
@@ -282,7 +283,7 @@ class ModelConfig:
                                         "streams)")
         if self.cpu_extra_buffers not in CPU_EXTRA_BUFFERS:
             raise InvalidParameterError("cpu_extra_buffers", self.cpu_extra_buffers,
-                                        "'auto', 'on' or 'off'")
+                                        "'auto', 'on', 'off' or 'repack'")
         if self.flash_attn not in FLASH_ATTN:
             raise InvalidParameterError("flash_attn", self.flash_attn, "'auto', 'on' or 'off'")
         if self.rollback not in ROLLBACK:

@@ -188,7 +188,8 @@ def add_model_args(p: argparse.ArgumentParser, auto_draft: bool = False) -> None
                    default=ModelConfig.cpu_extra_buffers,
                    help="llama.cpp's extra CPU kernels for quantised weights (AMX, repacked "
                         "weights): auto (default) checks once, in a child process, that they "
-                        "do not crash on this CPU; on or off decide without a check")
+                        "do not crash on this CPU; on or off decide without a check; repack: "
+                        "the repacked kernels alone, without AMX")
     g.add_argument("--flash-attn", choices=config.FLASH_ATTN, default=ModelConfig.flash_attn,
                    help="llama.cpp's flash attention (its -fa): auto (default) is llama.cpp's "
                         "choice; on or off decide")

@@ -8,6 +8,7 @@ _ = object()
 
 # llama.cpp's parameter structs: fields set in Python, read in C
 _.use_extra_bufts
+_.tensor_buft_overrides  # llama_model_params: the weights kept on the repacked kernels
 _._devices              # kept alive: llama.cpp holds a pointer into it
 _.n_ubatch
 _.n_seq_max

@@ -39,14 +39,14 @@ QUANTISED = {"blk.0.ffn_up.weight": ((256, 512), 12, 0, 0)}       # Q4_K
 PLAIN = {"blk.0.ffn_up.weight": ((256, 512), 0, 0, 0)}            # F32
 
 
-def command(on_crashes: bool = True, off_crashes: bool = False):
-    def cmd(extra: bool) -> list:
-        crash = on_crashes if extra else off_crashes
+def command(on_crashes: bool = True, off_crashes: bool = False, repack_crashes: bool = False):
+    def cmd(mode: str) -> list:
+        crash = {"on": on_crashes, "off": off_crashes, "repack": repack_crashes}[mode]
         return [sys.executable, "-c", SIGILL_CHILD if crash else FINE_CHILD]
     return cmd
 
 
-def must_not_run(extra: bool):
+def must_not_run(mode: str):
     raise AssertionError("the preflight ran a child although a verdict was kept")
 
 
@@ -78,7 +78,7 @@ def test_the_verdict_is_kept_per_cpu_and_build_and_read_back_without_a_child(fre
     kept = json.loads(paths.cpu_check_file().read_text())
     assert kept[key]["verdict"]["faults"] is True
     assert kept[key]["of"]["kernel"].startswith(platform.system())
-    assert set(parts) == {"cpu", "cpu_flags", "kernel", "llama_cpp_python", "build"}
+    assert set(parts) == {"cpu", "cpu_flags", "kernel", "llama_cpp_python", "build", "check"}
     assert preflight.verdict(command=must_not_run) is v        # this process: memo
     preflight.forget()
     again = preflight.verdict(command=must_not_run)             # another process: the file
@@ -92,8 +92,9 @@ def test_the_verdict_is_kept_per_cpu_and_build_and_read_back_without_a_child(fre
 
 def test_a_hung_child_is_not_kept(fresh, monkeypatch):
     monkeypatch.setattr(preflight, "CHECK_TIMEOUT", 1.0)
-    def slow(extra: bool) -> list:
-        return [sys.executable, "-c", "import time; time.sleep(30)" if extra else FINE_CHILD]
+    def slow(mode: str) -> list:
+        return [sys.executable, "-c", "import time; time.sleep(30)" if mode == "on"
+                else FINE_CHILD]
     t0 = time.monotonic()
     v = preflight.verdict(refresh=True, command=slow)
     assert time.monotonic() - t0 < 10
@@ -144,6 +145,50 @@ def test_a_cpu_that_faults_even_without_them_is_a_clear_error(fresh, monkeypatch
         preflight.use_extra_buffers(QUANTISED, "auto")
 
 
+def test_the_repacked_kernels_alone_are_checked_beside_the_others(fresh, monkeypatch, caplog):
+    monkeypatch.setattr(preflight, "extra_buffer_types", lambda: ("AMX", "CPU_REPACK"))
+    v = preflight.verdict(refresh=True, command=command())
+    assert v.faults and v.repack and v.repack_alone and not v.use_extra_buffers
+    assert "AMX faults on this CPU" in v.describe() and v.describe().endswith(
+        "AMX off, CPU_REPACK on")
+    with caplog.at_level(logging.WARNING, logger="edgespec.backend.preflight"):
+        assert preflight.use_extra_buffers(QUANTISED, "auto") is False
+    assert "(llama.cpp's repacked kernels kept)" in caplog.records[0].getMessage()
+    # kept, and read back by another process
+    preflight.forget()
+    assert preflight.verdict(command=must_not_run).repack_alone
+    # the negative control: where the repacked kernels alone fault too, they are not kept
+    alone_faults = preflight.verdict(refresh=True, command=command(repack_crashes=True))
+    assert alone_faults.faults and not alone_faults.repack and not alone_faults.repack_alone
+    assert preflight.repack_alone(QUANTISED, "auto") is None
+    assert "repacked kernels kept" not in alone_faults.note()
+    assert alone_faults.describe().endswith(": off")
+
+
+def test_a_build_with_the_repacked_kernels_only_runs_two_children(fresh, monkeypatch):
+    monkeypatch.setattr(preflight, "extra_buffer_types", lambda: ("CPU_REPACK",))
+    ran = []
+
+    def cmd(mode: str) -> list:
+        ran.append(mode)
+        return command(on_crashes=False)(mode)
+    v = preflight.verdict(refresh=True, command=cmd)
+    assert sorted(ran) == ["off", "on"] and not v.faults and not v.repack_alone
+
+
+def test_the_patterns_name_exactly_the_weights_given():
+    import re
+    from edgespec.backend.repack import patterns
+    every = [f"blk.{i}.{k}.weight" for i in range(12) for k in ("attn_q", "ffn_down", "ffn_up")]
+    every += ["output.weight", "token_embd.weight", "blk.1.attn_q.bias", "blk.11.attn_qx.weight"]
+    chosen = [n for n in every if n.endswith("ffn_down.weight") and n != "blk.1.ffn_down.weight"]
+    chosen += ["blk.10.attn_q.weight", "output.weight"]
+    pats = patterns(chosen)
+    assert len(pats) == 3                      # one per kind of weight, not one per weight
+    matched = [n for n in every if any(re.search(p, n) for p in pats)]
+    assert sorted(matched) == sorted(chosen)
+
+
 def test_the_probe_model_is_a_gguf_that_every_kernel_takes(tmp_path):
     from edgespec.gguf_file import read_gguf
     path = tmp_path / "probe.gguf"
@@ -185,7 +230,7 @@ def greedy_plain(path, mode: str, n: int = 24) -> list:
         for _ in range(n):
             out.append(int(row.argmax()))
             row = m.eval([out[-1]], 1)[0]
-        return out, m.extra_buffers
+        return out, m.extra_buffers, m.repacked
     finally:
         m.close()
 
@@ -197,23 +242,49 @@ def test_the_real_verdict_agrees_with_a_real_decode():
     if not v.extra_buffers:
         assert preflight.extra_buffer_types() == ()
         return
-    proc = subprocess.run(preflight.child_command(True), capture_output=True, text=True,
+    proc = subprocess.run(preflight.child_command("on"), capture_output=True, text=True,
                           timeout=120)
     assert (proc.returncode < 0) == v.faults, (proc.returncode, v)
-    off = subprocess.run(preflight.child_command(False), capture_output=True, text=True,
+    off = subprocess.run(preflight.child_command("off"), capture_output=True, text=True,
                          timeout=120)
     assert off.returncode == 0 and off.stdout.strip().endswith("ok")
+    if "CPU_REPACK" in v.extra_buffers and len(v.extra_buffers) > 1:
+        # the repacked kernels alone, named weight by weight: they decode where AMX faults
+        alone = subprocess.run(preflight.child_command("repack"), capture_output=True,
+                               text=True, timeout=120)
+        assert (alone.returncode == 0 and alone.stdout.strip().endswith("ok")) == v.repack
 
 
 def test_a_quantised_model_through_the_fallback_decodes_as_without_extra_buffers(gemma_q4_path):
-    auto, used = greedy_plain(gemma_q4_path, "auto")
-    off, _ = greedy_plain(gemma_q4_path, "off")
-    assert used == preflight.verdict().use_extra_buffers
-    if not used:
+    auto, used, kept = greedy_plain(gemma_q4_path, "auto")
+    off, _, _ = greedy_plain(gemma_q4_path, "off")
+    v = preflight.verdict()
+    assert used == v.use_extra_buffers
+    assert (kept > 0) == v.repack_alone     # where AMX faults, the repacked kernels stay
+    if not used and not kept:
         assert auto == off             # the fallback is the load without extra buffers
     else:                              # repacked weights: other kernels, near-ties may differ
         agree = next((i for i, (a, b) in enumerate(zip(auto, off)) if a != b), len(off))
         assert agree >= 8, (auto, off)
+
+
+def test_the_repacked_kernels_alone_take_a_real_models_multiplied_weights(gemma_q4_path):
+    """``cpu_extra_buffers="repack"`` on this build: the Q4_K weights the repacked kernels take
+    go to ``CPU_REPACK`` by name (never the token embeddings, read by row), the model loads and
+    decodes on any CPU (no AMX there), and its greedy text agrees with the plain load's."""
+    from edgespec.backend.repack import repack_weights
+    from edgespec.gguf_file import read_gguf
+    if "CPU_REPACK" not in preflight.extra_buffer_types():
+        pytest.skip("this build has no repacked kernels (not x86 with AVX2 or an ARM CPU)")
+    tensors = read_gguf(gemma_q4_path).tensors
+    names = repack_weights(tensors)
+    assert names and "token_embd.weight" not in names
+    assert all(tensors[n][1] not in (0, 1, 30) for n in names)         # quantised only
+    repacked, used, kept = greedy_plain(gemma_q4_path, "repack")
+    off, _, none = greedy_plain(gemma_q4_path, "off")
+    assert used is False and kept == len(names) and none == 0
+    agree = next((i for i, (a, b) in enumerate(zip(repacked, off)) if a != b), len(off))
+    assert agree >= 8, (repacked, off)
 
 
 # More than 8 tokens: the target's prompt pass is a batch over quantised weights, where the

@@ -114,7 +114,7 @@ class EmbeddingModel(HasVocabulary):
         ensure_init(config.verbose)
         info = read_gguf(config.path)        # before llama.cpp sees the file
         check_embedding_model(info)
-        handle, _ = load_weights(config, info)
+        handle, _, _ = load_weights(config, info)
         try:
             vocabulary = Vocabulary(C.llama_model_get_vocab(handle), config.path)
         except BaseException:

@@ -72,7 +72,8 @@ class LlamaModel(HasVocabulary, StepHooks):
         self._last_spans: list = []   # the last call's (first batch index, rows) per part
 
         self._devices = devices     # llama.cpp keeps the pointer: keep the array alive
-        self._model, self.extra_buffers = load_weights(config, self.info, devices)
+        self._model, self.extra_buffers, self.repacked = load_weights(config, self.info,
+                                                                       devices)
         try:
             self._open_context(tap_min_vocab)
         except BaseException:
@@ -148,6 +149,8 @@ class LlamaModel(HasVocabulary, StepHooks):
                 "n_vocab": self.n_vocab, "n_threads": self.n_threads,
                 "n_gpu_layers": self.config.n_gpu_layers,
                 "cpu_extra_buffers": self.extra_buffers, "flash_attn": self.config.flash_attn,
+                # weights kept on the repacked kernels while the others fault (repack.py)
+                "repacked_weights": self.repacked,
                 # how rejected drafts leave the cache (a recurrent part: rollback.py)
                 "rollback": "checkpoints" if self.recurrent and not self.snapshots else
                             "snapshots" if self.recurrent else "positions"}

@@ -12,16 +12,18 @@ from typing import Iterator, Optional, Sequence
 import llama_cpp.llama_cpp as C
 
 from ..gguf_file import read_gguf
-from .preflight import use_extra_buffers
+from .preflight import repack_alone, use_extra_buffers
+from .repack import Overrides
 from .runtime import ensure_init
 
 _PARAMS_LOCK = threading.Lock()
 
 
 @contextmanager
-def _extra_buffers(on: bool) -> Iterator[None]:
+def _extra_buffers(on: bool, kept: Optional[Overrides] = None) -> Iterator[None]:
     """``llama_cpp.Llama`` takes no parameter for llama.cpp's extra CPU buffer types: while
-    one is built, the default model parameters it starts from carry ``use_extra_bufts``."""
+    one is built, the default model parameters it starts from carry ``use_extra_bufts`` (and
+    ``kept``: the weights that keep the repacked kernels, as edgespec's own loads do)."""
     if on:
         yield
         return
@@ -30,6 +32,8 @@ def _extra_buffers(on: bool) -> Iterator[None]:
     def without() -> C.llama_model_params:
         params = default()
         params.use_extra_bufts = False
+        if kept is not None:
+            params.tensor_buft_overrides = kept.pointer
         return params
     with _PARAMS_LOCK:
         C.llama_model_default_params = without
@@ -52,7 +56,9 @@ class LlamaCppPythonPeer:
         draft = LlamaPromptLookupDecoding(num_pred_tokens=num_pred_tokens) if prompt_lookup \
             else None
         # the same preflight as edgespec's own models: a CPU kernel that faults stays off
-        with _extra_buffers(use_extra_buffers(read_gguf(path).tensors, cpu_extra_buffers)):
+        tensors = read_gguf(path).tensors
+        extra = use_extra_buffers(tensors, cpu_extra_buffers)
+        with _extra_buffers(extra, None if extra else repack_alone(tensors, cpu_extra_buffers)):
             self.llm = Llama(str(path), n_ctx=n_ctx, n_threads=n_threads,
                              n_threads_batch=n_threads, draft_model=draft, verbose=False)
         vocab = C.llama_model_get_vocab(self.llm.model)

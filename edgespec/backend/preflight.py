@@ -13,9 +13,11 @@ quantises it to the types those kernels handle and decodes batches with it, once
 extra buffer types and once without, side by side. The verdict is kept per CPU, kernel and
 llama.cpp build in the cache folder (:func:`edgespec.paths.cpu_check_file`): later loads in
 this process cost nothing, later processes one small file read. When the child dies by a
-signal, models load with the extra buffer types off (``use_extra_bufts = False``, measured the
-fastest safe choice: docs/decisions.md); the process that found it says so in one note (a
-kept verdict stays quiet: ``edgespec info`` shows it).
+signal, models load with the extra buffer types off (``use_extra_bufts = False``); where a third
+child, with only the repacked kernels (``CPU_REPACK`` named weight by weight, :mod:`.repack`),
+decodes without a fault, models keep those (on Q4_K weights they are worth 26% a token:
+docs/decisions.md#repack-without-amx). The process that found it says so in one note (a kept
+verdict stays quiet: ``edgespec info`` shows it).
 """
 
 from __future__ import annotations
@@ -43,12 +45,16 @@ import llama_cpp.llama_cpp as C
 from .. import paths
 from ..config import CPU_EXTRA_BUFFERS
 from ..errors import BackendError
+from .repack import REPACK, Overrides, overrides
 from .runtime import LLAMA_CPP_VERSION, ensure_init, ggml
 
 log = logging.getLogger(__name__)
 
 UPSTREAM = "llama.cpp #26954"
 CHECK_TIMEOUT = 60.0      # seconds for one child; a tiny model decodes in milliseconds
+CHECK_VERSION = 2         # what a kept verdict holds (2: the repacked kernels alone)
+# The children: the extra buffer types on, off, and off but for the repacked kernels
+MODES = ("on", "off", "repack")
 # ggml types whose weights stay in plain buffers whatever the build (no extra kernel faults)
 _PLAIN_TYPES = {0, 1, 30}          # F32, F16, BF16
 
@@ -65,6 +71,14 @@ class Verdict:
     checked: str                # when (ISO 8601, UTC)
     timed_out: bool = False     # a child neither finished nor died in time: not kept
     cached: bool = False        # read from the cache folder, not measured by this process
+    # the repacked kernels alone (CPU_REPACK by name, the others off: .repack) decoded without
+    # a fault; checked beside the others where the build has CPU_REPACK and another type
+    repack: bool = False
+
+    @property
+    def repack_alone(self) -> bool:
+        """Whether models keep the repacked kernels while the others are off."""
+        return self.faults and self.repack and not self.fallback_faults
 
     @property
     def use_extra_buffers(self) -> bool:
@@ -75,14 +89,19 @@ class Verdict:
         what = "AMX unit" if "AMX" in self.extra_buffers else \
             "extra CPU kernels (" + ", ".join(self.extra_buffers) + ")"
         it = "it" if what == "AMX unit" else "them"
+        kept = " (llama.cpp's repacked kernels kept)" if self.repack_alone else ""
         return (f"this CPU's {what} faults under this kernel ({self.cause}; {UPSTREAM}): "
-                f"running without {it}; cpu_extra_buffers='on' forces {it}")
+                f"running without {it}{kept}; cpu_extra_buffers='on' forces {it}")
 
     def describe(self) -> str:
         """``edgespec info``'s line."""
         if not self.extra_buffers:
             return "none in this build"
         names = ", ".join(self.extra_buffers)
+        if self.faults and self.repack_alone:
+            others = ", ".join(n for n in self.extra_buffers if n != REPACK)
+            return (f"{names}: {others} faults on this CPU ({self.cause}; {UPSTREAM}): "
+                    f"{others} off, {REPACK} on")
         if self.faults:
             return f"{names}: fault on this CPU ({self.cause}; {UPSTREAM}): off"
         return f"{names}: checked, they work here: on"
@@ -163,7 +182,7 @@ def cache_key() -> tuple[str, dict]:
         libs.append(f"{p.name}:{st.st_size}:{st.st_mtime_ns}")
     parts = {"cpu": cpu["model"], "cpu_flags": cpu["flags"],
              "kernel": f"{platform.system()} {platform.release()} {platform.version()}",
-             "llama_cpp_python": LLAMA_CPP_VERSION,
+             "llama_cpp_python": LLAMA_CPP_VERSION, "check": CHECK_VERSION,
              "build": hashlib.sha256("\n".join(libs).encode()).hexdigest()[:16]}
     key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
     return key, parts
@@ -180,10 +199,10 @@ _STATE = _State()
 
 
 def verdict(refresh: bool = False, *,
-            command: Optional[Callable[[bool], Sequence[str]]] = None) -> Verdict:
+            command: Optional[Callable[[str], Sequence[str]]] = None) -> Verdict:
     """This build's verdict on this CPU: from this process, else the cache folder, else a
-    check in child processes (``refresh=True``: check again). ``command(extra)`` is the
-    child's command line (tests give one that dies by a real signal)."""
+    check in child processes (``refresh=True``: check again). ``command(mode)`` is the
+    child's command line for a mode of :data:`MODES` (tests give one that dies by a real signal)."""
     with _STATE.lock:
         if _STATE.verdict is not None and not refresh:
             return _STATE.verdict
@@ -230,6 +249,19 @@ def use_extra_buffers(tensors: dict, mode: str = "auto") -> bool:
     return True
 
 
+def repack_alone(tensors: dict, mode: str = "auto") -> Optional[Overrides]:
+    """The ``tensor_buft_overrides`` that keep the repacked kernels alone
+    (:func:`.repack.overrides`): with ``mode`` ``"repack"``, and with ``"auto"`` where the
+    extra buffer types are off because one of them faults and the repacked kernels alone were
+    checked to work; else None."""
+    if mode == "repack":
+        return overrides(tensors)
+    if mode != "auto" or not has_quantised_weights(tensors) or REPACK not in extra_buffer_types():
+        return None
+    v = verdict()
+    return overrides(tensors) if v.repack_alone else None
+
+
 def info(recheck: bool = False) -> dict:
     """What ``edgespec info`` shows: the extra buffer types, the verdict (checked now when
     there is none yet), when and how long it took, and whether it came from the cache."""
@@ -241,6 +273,7 @@ def info(recheck: bool = False) -> dict:
     when = "kept from " + v.checked if v.cached else f"checked now in {v.seconds:.2f} s"
     return {"extra_buffers": list(v.extra_buffers), "faults": v.faults, "cause": v.cause,
             "fallback_faults": v.fallback_faults, "use": v.use_extra_buffers,
+            "repack_alone": v.repack_alone,
             "checked": v.checked, "seconds": v.seconds, "cached": v.cached,
             "cache_file": str(paths.cpu_check_file()),
             "summary": f"{v.describe()} ({when}; --cpu-extra-buffers on|off overrides)"}
@@ -278,35 +311,37 @@ def _write_cache(key: str, parts: dict, v: Verdict) -> None:
 # ---------------------------------------------------------------------------------------------
 # The check
 
-def child_command(extra: bool) -> list[str]:
-    """The check's child (:mod:`.probe`), with the extra buffer types or without."""
-    return [sys.executable, "-m", "edgespec.backend.probe", "on" if extra else "off"]
+def child_command(mode: str) -> list[str]:
+    """The check's child (:mod:`.probe`) in a mode of :data:`MODES`."""
+    return [sys.executable, "-m", "edgespec.backend.probe", mode]
 
 
-def run_check(command: Optional[Callable[[bool], Sequence[str]]] = None) -> Verdict:
-    """Decode with and without the extra buffer types, each in a child process, both at
-    once; a child that dies by a signal is a fault. Never raises for what a child does."""
+def run_check(command: Optional[Callable[[str], Sequence[str]]] = None) -> Verdict:
+    """Decode with and without the extra buffer types (and, where the build has the repacked
+    kernels beside others, with those alone), each in a child process, all at once; a child
+    that dies by a signal is a fault. Never raises for what a child does."""
     command = command or child_command
     extra = extra_buffer_types()
+    modes = MODES if REPACK in extra and len(extra) > 1 else MODES[:2]
     t0 = time.perf_counter()
     env = dict(os.environ, PYTHONFAULTHANDLER="0")
-    procs = {on: subprocess.Popen(list(command(on)), stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
-                                  text=True)
-             for on in (True, False)}
+    procs = {mode: subprocess.Popen(list(command(mode)), stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                    env=env, text=True)
+             for mode in modes}
     results = {}
-    for on, proc in procs.items():
+    for mode, proc in procs.items():
         try:
             out, _ = proc.communicate(timeout=max(1.0, CHECK_TIMEOUT - (time.perf_counter() - t0)))
-            results[on] = (proc.returncode, out)
+            results[mode] = (proc.returncode, out)
         except subprocess.TimeoutExpired:
             proc.kill()
             out, _ = proc.communicate()
-            results[on] = (None, out)
+            results[mode] = (None, out)
     seconds = time.perf_counter() - t0
 
-    def death(on: bool) -> str:
-        rc, out = results[on]
+    def death(mode: str) -> str:
+        rc, out = results[mode]
         step = (out or "").strip().splitlines()[-1:] or [""]
         where = step[0].removeprefix("step ").strip()
         if rc is None:
@@ -319,13 +354,15 @@ def run_check(command: Optional[Callable[[bool], Sequence[str]]] = None) -> Verd
             return name + (f" on {where}" if where else "")
         return ""
 
-    cause_on, cause_off = death(True), death(False)
-    for on, (rc, out) in results.items():
+    for mode, (rc, out) in results.items():
         if rc is not None and rc > 0:
-            log.debug("CPU check child (extra buffers %s) exited with %s: %s",
-                      "on" if on else "off", rc, (out or "")[-500:])
+            log.debug("CPU check child (%s) exited with %s: %s", mode, rc, (out or "")[-500:])
+    cause_on, cause_off = death("on"), death("off")
+    # the repacked kernels count as working only where their child finished its decodes
+    repack = "repack" in results and results["repack"][0] == 0 and \
+        (results["repack"][1] or "").strip().endswith("ok")
     return Verdict(extra_buffers=extra, faults=bool(cause_on), cause=cause_on or cause_off,
                    fallback_faults=bool(cause_off), seconds=round(seconds, 3),
-                   timed_out=any(rc is None for rc, _ in results.values()),
+                   timed_out=any(rc is None for rc, _ in results.values()), repack=repack,
                    checked=datetime.datetime.now(datetime.timezone.utc)
                    .isoformat(timespec="seconds"))

@@ -1,6 +1,9 @@
 """The preflight's child (:mod:`.preflight`): a tiny model written, quantised and decoded.
 
-    python -m edgespec.backend.probe on|off      (with llama.cpp's extra CPU buffer types, or not)
+    python -m edgespec.backend.probe on|off|repack
+
+``on``: with llama.cpp's extra CPU buffer types; ``off``: without; ``repack``: without, but for
+the weights the repacked kernels take, named to them (:mod:`.repack`).
 
 It prints a ``step …`` line before each decode, so that the parent can say where a child that
 died by a signal died, and ``ok`` at the end; it exits 0 unless something failed in Python.
@@ -69,9 +72,16 @@ def write_probe_model(path: Path, n_vocab: int = 512, n_embd: int = 256, n_ff: i
     w.close()
 
 
-def _decode_probe(path: Path, extra: bool, n_threads: int) -> None:
+def _decode_probe(path: Path, mode: str, n_threads: int) -> None:
     mparams = C.llama_model_default_params()
-    mparams.use_extra_bufts = extra
+    mparams.use_extra_bufts = mode == "on"
+    kept = None
+    if mode == "repack":
+        from ..gguf_file import read_gguf
+        from .repack import overrides
+        kept = overrides(read_gguf(path).tensors)       # (kept alive while it loads)
+        if kept is not None:                            # (none of a type they do not take)
+            mparams.tensor_buft_overrides = kept.pointer
     model = C.llama_model_load_from_file(str(path).encode(), mparams)
     if not model:
         raise SystemExit(f"cannot load {path}")
@@ -96,7 +106,7 @@ def _decode_probe(path: Path, extra: bool, n_threads: int) -> None:
     C.llama_model_free(model)
 
 
-def main(extra: bool) -> int:
+def main(mode: str) -> int:
     ensure_init()
     threads = max(2, min(os.cpu_count() or 2, 4))
     with tempfile.TemporaryDirectory(prefix="edgespec-cpu-check-") as tmp:
@@ -108,12 +118,12 @@ def main(extra: bool) -> int:
             qp.ftype, qp.allow_requantize, qp.nthread = ftype, True, 1
             if C.llama_model_quantize(str(f32).encode(), str(out).encode(), qp) != 0:
                 continue
-            _decode_probe(out, extra, threads)
+            _decode_probe(out, mode, threads)
     print("ok", flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 2 and sys.argv[1] in ("on", "off"):
-        sys.exit(main(sys.argv[1] == "on"))
-    sys.exit("usage: python -m edgespec.backend.probe on|off")
+    if len(sys.argv) == 2 and sys.argv[1] in ("on", "off", "repack"):
+        sys.exit(main(sys.argv[1]))
+    sys.exit("usage: python -m edgespec.backend.probe on|off|repack")

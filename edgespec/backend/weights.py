@@ -15,13 +15,14 @@ import llama_cpp.llama_cpp as C
 from ..config import ModelConfig
 from ..errors import ModelLoadError
 from ..gguf_file import GGUFInfo
-from .preflight import use_extra_buffers
+from .preflight import repack_alone, use_extra_buffers
 
 
 def load_weights(config: ModelConfig, info: GGUFInfo,
-                 devices: Optional[ctypes.Array] = None) -> tuple[object, bool]:
-    """(the ``llama_model`` handle, whether llama.cpp's extra CPU buffer types are used) for
-    ``config``'s file, whose header is ``info``. ``devices``: a NULL-terminated device list
+                 devices: Optional[ctypes.Array] = None) -> tuple[object, bool, int]:
+    """(the ``llama_model`` handle, whether llama.cpp's extra CPU buffer types are used, how
+    many weights keep the repacked kernels while they are not) for ``config``'s file, whose
+    header is ``info``. ``devices``: a NULL-terminated device list
     (llama.cpp keeps the pointer: the caller keeps the array alive). Raises
     :class:`~edgespec.errors.ModelLoadError` when llama.cpp cannot load it."""
     mparams = C.llama_model_default_params()
@@ -30,6 +31,10 @@ def load_weights(config: ModelConfig, info: GGUFInfo,
     # the process on this CPU (backend/preflight.py)
     extra = use_extra_buffers(info.tensors, config.cpu_extra_buffers)
     mparams.use_extra_bufts = extra
+    # …and where AMX faults but the repacked kernels do not, those by name (backend/repack.py)
+    kept = None if extra else repack_alone(info.tensors, config.cpu_extra_buffers)
+    if kept is not None:
+        mparams.tensor_buft_overrides = kept.pointer
     if devices is not None:
         mparams.devices = ctypes.cast(devices, ctypes.c_void_p)
     handle = C.llama_model_load_from_file(str(config.path).encode(), mparams)
@@ -38,7 +43,7 @@ def load_weights(config: ModelConfig, info: GGUFInfo,
                                           "architecture or damaged tensors; load it with "
                                           "verbose=True to see llama.cpp's log)",
                              options=("verbose",))
-    return handle, extra
+    return handle, extra, kept.weights if kept is not None else 0
 
 
 def free_context(ctx, batch) -> None:

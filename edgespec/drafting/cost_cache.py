@@ -2,7 +2,7 @@
 on a machine pays for calibrating it (:func:`calibrate_cached`).
 
 The cache (``paths.calibration_file()``) keys each entry by the model files (path, size,
-mtime), the thread count and the offload, so that a measurement is reused only where it still
+mtime), the thread count, the offload and the CPU kernels the weights run on, so that a measurement is reused only where it still
 describes the machine's work.
 """
 
@@ -26,8 +26,12 @@ CACHE_DAYS = 30         # a kept calibration is measured again after this long
 def _fingerprint(model: HiddenStateModel) -> str:
     st = model.path.stat()
     c = model.config
+    # the CPU kernels its weights run on (extra buffer types, or the repacked ones alone:
+    # backend/repack.py), which change a pass's cost by a quarter on Q4_K weights
+    kernels = "all" if getattr(model, "extra_buffers", True) else \
+        f"rp{getattr(model, 'repacked', 0)}"
     return f"{model.path.resolve()}|{st.st_size}|{int(st.st_mtime)}|t{c.n_threads}|" \
-           f"ngl{c.n_gpu_layers},fa-{c.flash_attn},rb-{c.rollback}" + \
+           f"ngl{c.n_gpu_layers},fa-{c.flash_attn},rb-{c.rollback},cpu-{kernels}" + \
            (f"@rpc={','.join(c.rpc)}" if c.rpc else "")
 
 
