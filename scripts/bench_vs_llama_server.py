@@ -53,7 +53,7 @@ def llama_servers(args, ctx: int) -> list[Server]:
     common = ["-m", args.target, "-np", str(args.parallel), "-c", str(ctx * args.parallel),
               "-t", t, "-tb", t, "--host", "127.0.0.1", "--no-webui", "-cram", "0"]
     configs = [("llama-server", [])]
-    for k in args.n_max.split(","):
+    for k in filter(None, args.n_max.split(",")):
         configs.append((f"llama-server draft n-max {k}",
                         ["--spec-type", "draft-simple", "-md", args.draft, "-td", t, "-tbd", t,
                          "--spec-draft-n-max", k,
@@ -113,7 +113,8 @@ def throughput(args, servers: list[Server]) -> None:
                 continue
             agg[name] = statistics.median(r[0] for r in rows)
             print(f"  {name:28} {agg[name]:6.1f} tok/s  slowest first token "
-                  f"{statistics.median(r[1] for r in rows):.3f} s")
+                  f"{statistics.median(r[1] for r in rows):.3f} s  (each repeat: "
+                  + ", ".join(f"{r[0]:.1f}" for r in rows) + ")")
         best = max(v for k, v in agg.items() if k.startswith("llama-server"))
         print(f"  edgespec / the best llama-server: {agg['edgespec'] / best:.2f}x")
         if "edgespec one after another" in agg:
@@ -158,7 +159,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx-size", type=int, default=None,
                     help="tokens per stream (default 1024; 4096 with --prompts tasks)")
-    ap.add_argument("--n-max", default="3,8", help="llama-server's draft lengths to run")
+    ap.add_argument("--n-max", default="3,8", help="llama-server's draft lengths to run "
+                    "('': no draft-model configuration)")
     ap.add_argument("--sequential", action="store_true")
     ap.add_argument("--first-token", type=int, default=0, metavar="TOKENS")
     args = ap.parse_args()

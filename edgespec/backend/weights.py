@@ -16,6 +16,7 @@ from ..config import ModelConfig
 from ..errors import ModelLoadError
 from ..gguf_file import GGUFInfo
 from .preflight import repack_alone, use_extra_buffers
+from .runtime import gpu_devices
 
 
 def load_weights(config: ModelConfig, info: GGUFInfo,
@@ -31,8 +32,12 @@ def load_weights(config: ModelConfig, info: GGUFInfo,
     # the process on this CPU (backend/preflight.py)
     extra = use_extra_buffers(info.tensors, config.cpu_extra_buffers)
     mparams.use_extra_bufts = extra
-    # …and where AMX faults but the repacked kernels do not, those by name (backend/repack.py)
-    kept = None if extra else repack_alone(info.tensors, config.cpu_extra_buffers)
+    # …and where AMX faults but the repacked kernels do not, those by name (backend/repack.py),
+    # when every layer stays on this CPU (a name overrides the layer's device: it would pull
+    # layers back from a GPU or an RPC worker)
+    on_cpu = not config.rpc and devices is None and (config.n_gpu_layers == 0
+                                                     or not gpu_devices())
+    kept = None if extra or not on_cpu else repack_alone(info.tensors, config.cpu_extra_buffers)
     if kept is not None:
         mparams.tensor_buft_overrides = kept.pointer
     if devices is not None:

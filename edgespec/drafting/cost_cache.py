@@ -2,8 +2,8 @@
 on a machine pays for calibrating it (:func:`calibrate_cached`).
 
 The cache (``paths.calibration_file()``) keys each entry by the model files (path, size,
-mtime), the thread count, the offload and the CPU kernels the weights run on, so that a measurement is reused only where it still
-describes the machine's work.
+mtime), the thread count, the offload and the CPU kernels the weights run on, so that a
+measurement is reused only where it still describes the machine's work.
 """
 
 from __future__ import annotations
