@@ -22,9 +22,7 @@ verdict stays quiet: ``edgespec info`` shows it).
 
 from __future__ import annotations
 
-import ctypes
 import datetime
-import functools
 import hashlib
 import json
 import logging
@@ -45,8 +43,8 @@ import llama_cpp.llama_cpp as C
 from .. import paths
 from ..config import CPU_EXTRA_BUFFERS
 from ..errors import BackendError
-from .repack import REPACK, Overrides, overrides
-from .runtime import LLAMA_CPP_VERSION, ensure_init, ggml
+from .repack import PLAIN_TYPES, REPACK, Overrides, overrides
+from .runtime import LLAMA_CPP_VERSION, cpu_extra_bufts
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +53,6 @@ CHECK_TIMEOUT = 60.0      # seconds for one child; a tiny model decodes in milli
 CHECK_VERSION = 2         # what a kept verdict holds (2: the repacked kernels alone)
 # The children: the extra buffer types on, off, and off but for the repacked kernels
 MODES = ("on", "off", "repack")
-# ggml types whose weights stay in plain buffers whatever the build (no extra kernel faults)
-_PLAIN_TYPES = {0, 1, 30}          # F32, F16, BF16
 
 
 @dataclass(frozen=True)
@@ -110,45 +106,16 @@ class Verdict:
 # ---------------------------------------------------------------------------------------------
 # The extra buffer types of this build
 
-@functools.cache
 def extra_buffer_types() -> tuple:
-    """Names of the CPU device's extra buffer types (``ggml_backend_dev_get_extra_bufts``),
-    in llama.cpp's order of preference; () when there are none or ggml cannot be read.
-    Asked once per process: the build's list does not change while it runs."""
-    ensure_init()
-    lib = ggml()
-    if lib is None:
-        return ()
-    vp = ctypes.c_void_p
-    try:
-        for name, res, args in (("ggml_backend_dev_by_type", vp, [ctypes.c_int]),
-                                ("ggml_backend_dev_backend_reg", vp, [vp]),
-                                ("ggml_backend_reg_get_proc_address", vp, [vp, ctypes.c_char_p]),
-                                ("ggml_backend_buft_name", ctypes.c_char_p, [vp])):
-            fn = getattr(lib, name)
-            fn.restype, fn.argtypes = res, args
-    except AttributeError:
-        return ()
-    dev = lib.ggml_backend_dev_by_type(0)               # GGML_BACKEND_DEVICE_TYPE_CPU
-    if not dev:
-        return ()
-    proc = lib.ggml_backend_reg_get_proc_address(lib.ggml_backend_dev_backend_reg(dev),
-                                                  b"ggml_backend_dev_get_extra_bufts")
-    if not proc:
-        return ()
-    arr = ctypes.CFUNCTYPE(ctypes.POINTER(vp), vp)(proc)(dev)
-    names = []
-    i = 0
-    while arr and arr[i]:
-        names.append(lib.ggml_backend_buft_name(arr[i]).decode(errors="replace"))
-        i += 1
-    return tuple(names)
+    """Names of the CPU device's extra buffer types, in llama.cpp's order of preference; ()
+    when there are none or ggml cannot be read (:func:`.runtime.cpu_extra_bufts`)."""
+    return tuple(name for name, _ in cpu_extra_bufts()[1])
 
 
 def has_quantised_weights(tensors: dict) -> bool:
     """Whether a model (a :class:`~edgespec.gguf_file.GGUFInfo`'s ``tensors``) has weights
     that llama.cpp may put in an extra buffer type."""
-    return any(ttype not in _PLAIN_TYPES and len(dims) >= 2
+    return any(ttype not in PLAIN_TYPES and len(dims) >= 2
                for dims, ttype, _, _ in tensors.values())
 
 

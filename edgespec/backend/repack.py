@@ -22,10 +22,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Optional
 
-from .runtime import ensure_init, ggml
+from .runtime import cpu_extra_bufts, ggml
 
 REPACK = "CPU_REPACK"
-_PLAIN_TYPES = {0, 1, 30}           # F32, F16, BF16: never repacked
+# ggml types whose weights stay in plain buffers whatever the build: F32, F16, BF16
+PLAIN_TYPES = {0, 1, 30}
 _WEIGHT = re.compile(r"blk\.(\d+)\.(.+)")
 _ROWS = 512                         # the input's rows in llama.cpp's own check
 
@@ -64,9 +65,10 @@ class _Ggml:
 
 @functools.cache
 def _api() -> Optional[_Ggml]:
-    ensure_init()
+    dev, bufts = cpu_extra_bufts()
+    buft = dict(bufts).get(REPACK)
     lib = ggml()
-    if lib is None:
+    if buft is None or lib is None:
         return None
     vp, i64, ci = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     try:
@@ -78,29 +80,12 @@ def _api() -> Optional[_Ggml]:
                 ("ggml_mul_mat", vp, [vp, vp, vp]),
                 ("ggml_backend_buft_alloc_buffer", vp, [vp, ctypes.c_size_t]),
                 ("ggml_backend_buffer_free", None, [vp]),
-                ("ggml_backend_dev_supports_op", ctypes.c_bool, [vp, vp]),
-                ("ggml_backend_dev_by_type", vp, [ci]),
-                ("ggml_backend_dev_backend_reg", vp, [vp]),
-                ("ggml_backend_reg_get_proc_address", vp, [vp, ctypes.c_char_p]),
-                ("ggml_backend_buft_name", ctypes.c_char_p, [vp])):
+                ("ggml_backend_dev_supports_op", ctypes.c_bool, [vp, vp])):
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
     except AttributeError:
         return None
-    dev = lib.ggml_backend_dev_by_type(0)               # GGML_BACKEND_DEVICE_TYPE_CPU
-    if not dev:
-        return None
-    proc = lib.ggml_backend_reg_get_proc_address(lib.ggml_backend_dev_backend_reg(dev),
-                                                  b"ggml_backend_dev_get_extra_bufts")
-    if not proc:
-        return None
-    arr = ctypes.CFUNCTYPE(ctypes.POINTER(vp), vp)(proc)(dev)
-    i = 0
-    while arr and arr[i]:
-        if lib.ggml_backend_buft_name(arr[i]) == REPACK.encode():
-            return _Ggml(lib, dev, arr[i])
-        i += 1
-    return None
+    return _Ggml(lib, dev, buft)
 
 
 def _takes(api: _Ggml, ttype: int, dims) -> bool:
@@ -142,7 +127,7 @@ def repack_weights(tensors: dict) -> list:
         return []
     names = []
     for name, (dims, ttype, _, _) in tensors.items():
-        if len(dims) != 2 or ttype in _PLAIN_TYPES:
+        if len(dims) != 2 or ttype in PLAIN_TYPES:
             continue
         if not (name == "output.weight" or _WEIGHT.fullmatch(name)):
             continue

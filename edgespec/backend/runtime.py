@@ -8,6 +8,7 @@ process-wide state edgespec has, in one :class:`_Runtime` object.
 from __future__ import annotations
 
 import ctypes
+import functools
 import glob
 import sys
 import threading
@@ -90,6 +91,42 @@ def _declare(lib: ctypes.CDLL) -> None:
             ("ggml_backend_dev_type", ctypes.c_int, [vp])):
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = res, args
+
+
+@functools.cache
+def cpu_extra_bufts() -> tuple:
+    """(the CPU device, ((name, ``ggml_backend_buffer_type_t``), …)) of its extra buffer
+    types (``ggml_backend_dev_get_extra_bufts``), in llama.cpp's order of preference; (None,
+    ()) when ggml cannot be read. Asked once per process: the build's list does not change
+    while it runs."""
+    ensure_init()
+    lib = ggml()
+    if lib is None:
+        return None, ()
+    vp = ctypes.c_void_p
+    try:
+        for name, res, args in (("ggml_backend_dev_by_type", vp, [ctypes.c_int]),
+                                ("ggml_backend_dev_backend_reg", vp, [vp]),
+                                ("ggml_backend_reg_get_proc_address", vp, [vp, ctypes.c_char_p]),
+                                ("ggml_backend_buft_name", ctypes.c_char_p, [vp])):
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = res, args
+    except AttributeError:
+        return None, ()
+    dev = lib.ggml_backend_dev_by_type(0)               # GGML_BACKEND_DEVICE_TYPE_CPU
+    if not dev:
+        return None, ()
+    proc = lib.ggml_backend_reg_get_proc_address(lib.ggml_backend_dev_backend_reg(dev),
+                                                  b"ggml_backend_dev_get_extra_bufts")
+    if not proc:
+        return dev, ()
+    arr = ctypes.CFUNCTYPE(ctypes.POINTER(vp), vp)(proc)(dev)
+    out = []
+    i = 0
+    while arr and arr[i]:
+        out.append((lib.ggml_backend_buft_name(arr[i]).decode(errors="replace"), arr[i]))
+        i += 1
+    return dev, tuple(out)
 
 
 def device_handles() -> list[tuple[int, int]]:
