@@ -115,14 +115,17 @@ def status_of(text: str):
 @pytest.mark.real
 @pytest.mark.slow
 def test_chat_with_a_draft_that_cannot_pay_says_so_and_shows_no_speedup(tmp_path,
+                                                                        smollm2_q4_path,
                                                                         smollm2_f32_path):
     from test_tui_terminal import Tmux, after
 
-    # The target drafts for itself: a draft step costs a target pass, so no draft length
-    # pays even if every draft were accepted, and the cost model never drafts.
+    # The draft is the target's own model in F32, the target in Q4_1: a draft step costs
+    # more than a target pass (memory-bound: 4x the bytes), so no draft length pays even if
+    # every draft were accepted, and the cost model never drafts. (The same file on both
+    # sides was break-even, which a noisy timing could tip either way.)
     env = dict(os.environ, XDG_DATA_HOME=str(tmp_path / "data"),
                XDG_CACHE_HOME=str(tmp_path / "cache"), TERM="xterm-256color")
-    chat = [sys.executable, "-m", "edgespec", "chat", "--target", str(smollm2_f32_path),
+    chat = [sys.executable, "-m", "edgespec", "chat", "--target", str(smollm2_q4_path),
             "--draft", str(smollm2_f32_path), "--drafter", "model", "--temperature", "0",
             "--max-tokens", "24"]
     tmux = Tmux(tmp_path, chat, env)

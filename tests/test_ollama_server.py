@@ -304,7 +304,7 @@ def test_a_refused_request_is_logged_with_its_message_not_its_prompt(client, ser
                         + re.escape(err["message"]) + "$", re.M)]
     wait_until(lambda: all(r.search(server.log()) for r in lines), timeout=10)
     assert "num_ctx" in e.value.error and "max_tokens" in err["message"]
-    assert secret not in server.log() and "4417" not in server.log()
+    assert secret not in server.log() and "kestrel" not in server.log()
 
 
 # ---------------------------------------------------------------------------------------------
