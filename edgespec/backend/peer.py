@@ -12,7 +12,7 @@ from typing import Iterator, Optional, Sequence
 import llama_cpp.llama_cpp as C
 
 from ..gguf_file import read_gguf
-from .preflight import repack_alone, use_extra_buffers
+from .preflight import cpu_kernels
 from .repack import Overrides
 from .runtime import ensure_init
 
@@ -57,8 +57,7 @@ class LlamaCppPythonPeer:
             else None
         # the same preflight as edgespec's own models: a CPU kernel that faults stays off
         tensors = read_gguf(path).tensors
-        extra = use_extra_buffers(tensors, cpu_extra_buffers)
-        with _extra_buffers(extra, None if extra else repack_alone(tensors, cpu_extra_buffers)):
+        with _extra_buffers(*cpu_kernels(tensors, cpu_extra_buffers)):
             self.llm = Llama(str(path), n_ctx=n_ctx, n_threads=n_threads,
                              n_threads_batch=n_threads, draft_model=draft, verbose=False)
         vocab = C.llama_model_get_vocab(self.llm.model)

@@ -229,6 +229,17 @@ def repack_alone(tensors: dict, mode: str = "auto") -> Optional[Overrides]:
     return overrides(tensors) if v.repack_alone else None
 
 
+def cpu_kernels(tensors: dict, mode: str = "auto",
+                on_cpu: bool = True) -> tuple[bool, Optional[Overrides]]:
+    """What a load of a model with these weights runs on this CPU: (whether llama.cpp's extra
+    buffer types are on, the weights that keep the repacked kernels while they are off or
+    None). The repacked kernels are kept by name only when every layer stays on this CPU
+    (``on_cpu``): a name outranks a layer's device, and would pull layers back from a GPU or
+    an RPC worker. Edgespec's loads and the llama-cpp-python peer decide the same way."""
+    extra = use_extra_buffers(tensors, mode)
+    return extra, None if extra or not on_cpu else repack_alone(tensors, mode)
+
+
 def info(recheck: bool = False) -> dict:
     """What ``edgespec info`` shows: the extra buffer types, the verdict (checked now when
     there is none yet), when and how long it took, and whether it came from the cache."""

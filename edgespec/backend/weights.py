@@ -15,7 +15,7 @@ import llama_cpp.llama_cpp as C
 from ..config import ModelConfig
 from ..errors import ModelLoadError
 from ..gguf_file import GGUFInfo
-from .preflight import repack_alone, use_extra_buffers
+from .preflight import cpu_kernels
 from .runtime import gpu_devices
 
 
@@ -29,15 +29,12 @@ def load_weights(config: ModelConfig, info: GGUFInfo,
     mparams = C.llama_model_default_params()
     mparams.n_gpu_layers = config.n_gpu_layers if config.n_gpu_layers >= 0 else 999
     # AMX and repacked weights only where a child process showed that they do not kill
-    # the process on this CPU (backend/preflight.py)
-    extra = use_extra_buffers(info.tensors, config.cpu_extra_buffers)
-    mparams.use_extra_bufts = extra
-    # …and where AMX faults but the repacked kernels do not, those by name (backend/repack.py),
-    # when every layer stays on this CPU (a name overrides the layer's device: it would pull
-    # layers back from a GPU or an RPC worker)
+    # the process on this CPU, and where AMX faults but the repacked kernels do not, those by
+    # name when every layer stays here (backend/preflight.py, backend/repack.py)
     on_cpu = not config.rpc and devices is None and (config.n_gpu_layers == 0
                                                      or not gpu_devices())
-    kept = None if extra or not on_cpu else repack_alone(info.tensors, config.cpu_extra_buffers)
+    extra, kept = cpu_kernels(info.tensors, config.cpu_extra_buffers, on_cpu)
+    mparams.use_extra_bufts = extra
     if kept is not None:
         mparams.tensor_buft_overrides = kept.pointer
     if devices is not None:

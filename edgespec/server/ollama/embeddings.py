@@ -27,13 +27,10 @@ from ..embeddings import EmbedRequest, count_inputs, embed, embed_body
 from ..generation import GenerationPath
 from ..keep_alive import parse_keep_alive
 from ..wire import APIError, checked, get_field, invalid
+from .replies import nanoseconds
 
 OLLAMA_FIELDS = {"model", "input", "truncate", "dimensions", "keep_alive", "options"}
 LEGACY_FIELDS = {"model", "prompt", "keep_alive", "options"}
-
-
-def _ns(seconds: float) -> int:
-    return max(0, round(seconds * 1e9))
 
 
 def _ollama_common(body: dict) -> tuple[str, Optional[float]]:
@@ -103,8 +100,8 @@ class OllamaEmbeddingRoutes:
         if ollama_dimensions(req, vectors.shape[1]):
             vectors = shape(vectors, req.dimensions, normalize=True)
         return JSONResponse({"model": req.model, "embeddings": vectors.tolist(),
-                             "total_duration": _ns(time.perf_counter() - t0),
-                             "load_duration": _ns(load_seconds),
+                             "total_duration": nanoseconds(time.perf_counter() - t0),
+                             "load_duration": nanoseconds(load_seconds),
                              "prompt_eval_count": result.prompt_tokens})
 
     async def ollama_embeddings(self, request: Request) -> Response:

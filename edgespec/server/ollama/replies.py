@@ -51,7 +51,8 @@ def _at(epoch: Optional[float]) -> str:
     return rfc3339(int(epoch * 1e9))
 
 
-def _ns(seconds: float) -> int:
+def nanoseconds(seconds: float) -> int:
+    """A duration as Ollama's replies give it: whole nanoseconds, never negative."""
     return max(0, round(seconds * 1e9))
 
 
@@ -72,10 +73,12 @@ def metrics(stats, total_seconds: float, load_seconds: float) -> dict:
     """The figures of a final reply, durations in nanoseconds. ``prompt_eval_count`` is the
     whole prompt and ``prompt_eval_duration`` the time spent on its uncached part, as Ollama
     reports them; a cache hit adds ``prompt_eval_cached_count``."""
-    out = {"total_duration": _ns(total_seconds), "load_duration": _ns(load_seconds),
+    out = {"total_duration": nanoseconds(total_seconds),
+           "load_duration": nanoseconds(load_seconds),
            "prompt_eval_count": stats.prompt_tokens,
-           "prompt_eval_duration": _ns(stats.prompt_seconds),
-           "eval_count": stats.completion_tokens, "eval_duration": _ns(stats.decode_seconds)}
+           "prompt_eval_duration": nanoseconds(stats.prompt_seconds),
+           "eval_count": stats.completion_tokens,
+           "eval_duration": nanoseconds(stats.decode_seconds)}
     cached = max(0, stats.prompt_tokens - stats.prompt_tokens_evaluated)
     if cached:
         out["prompt_eval_cached_count"] = cached
