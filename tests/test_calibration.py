@@ -29,6 +29,8 @@ def test_calibration_measures_and_restores_the_cache(q4):
     assert set(costs.target) == {1, 4, 16}
     assert all(v > 0 for v in costs.target.values()) and costs.draft > 0
     assert costs.draft_attention >= 0             # (measured after 500 tokens, then removed)
+    # the draft reading a context in a batch: less a token than a one-token step
+    assert 0 < costs.draft_read < costs.draft
     assert costs.target[16] > costs.target[1]     # 16 tokens cost more than one on a CPU
     q4.truncate(0)
 

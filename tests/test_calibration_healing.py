@@ -82,6 +82,7 @@ def test_refined_costs_are_kept_and_the_next_process_starts_from_them(
         costs.adopt(Costs({n: 10 * v for n, v in costs.target.items()},
                           10 * costs.draft))
         costs.attention = 3e-6         # as if learned over a long prompt (test_drafters.py)
+        costs.draft_read = 2e-3        # the draft reading a prompt, as a calibration measures
         poisoned = Costs(dict(costs.target), costs.draft)
         # Every answer takes at least one target pass, each one observed: a bound in answers
         # as large as the passes needed, however long the drafts run (this Q4_1 draft of
@@ -112,6 +113,8 @@ def test_refined_costs_are_kept_and_the_next_process_starts_from_them(
             entry["draft"])
         assert start.attention == pytest.approx(attention)
         assert start.draft_attention == pytest.approx(draft_attention)
+        # the calibration's reading cost, kept through the refinements and the cache
+        assert start.draft_read == pytest.approx(entry["draft_read"]) and start.draft_read > 0
         # The engine tells its costs where its target is: a pass's cost grows with it.
         eng.generate(PROMPTS[0], max_tokens=1, sampling=GREEDY)
         assert start.position() == len(eng.target.tokens) > 0

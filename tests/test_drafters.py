@@ -249,6 +249,28 @@ def test_a_stalled_catch_up_is_counted_at_most_a_draft_step_per_token():
     assert model.reading.catch_up_cost < costs.draft
 
 
+def test_the_calibrations_reading_cost_prices_the_first_catch_up():
+    """Before its first catch-up, the draft's reading is priced as the calibration measured
+    it: a long prompt for a short answer is not read, not even one chunk as a measurement.
+    Without that figure (the negative control) the first chunk is the measurement."""
+    def reading(draft_read: float):
+        costs = Costs(dict(GEMMA[0]), GEMMA[1], draft_read=draft_read)
+        model = sevens(AdaptiveLength(costs), n_vocab=400)
+        context = list(range(100, 400))                 # 300 tokens the cache has not read
+        model.reading.begin(context, len(context) + 16)  # for a 16-token answer
+        return model.reading, context
+
+    r, context = reading(0.010)                          # 10 ms a token: 3 s for the prompt
+    assert r.catch_up_seconds(context) == pytest.approx(0.010 * r._lag(context))
+    assert not r.catch_up_worth(context)
+    d = r.catch_up(context)
+    assert d.caught_up == 0 and r.model.tokens == []     # nothing read
+    r, context = reading(0.0)                            # not measured
+    assert r.catch_up_seconds(context) is None and r.catch_up_worth(context)
+    r.catch_up(context)
+    assert len(r.model.tokens) == r.CATCH_UP_CHUNK and r.catch_up_cost is not None
+
+
 def test_hybrid_decodes_plainly_when_the_draft_lags_too_far_to_catch_up():
     """After long n-gram runs the draft model has not seen many committed tokens; evaluating
     them costs more than drafting with it saves before the next match: a plain round."""

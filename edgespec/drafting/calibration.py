@@ -107,10 +107,11 @@ def calibrate(target: LanguageModel, draft: Optional[LanguageModel],
     others = watch.others()
     quiet = elapsed <= budget and (spread <= STEADY if others is None else others < QUIET)
     target_costs = {k: v for k, v in best.items() if k != "draft"}
-    draft_attention = 0.0
+    draft_attention = draft_read = 0.0
     if draft is not None and "draft" in best and time.perf_counter() - t_start <= budget:
-        draft_attention = _draft_attention(draft, best["draft"], timed, reps)
-    costs = Costs(target_costs, best.get("draft", FREE_DRAFT), draft_attention=draft_attention)
+        draft_attention, draft_read = _draft_attention(draft, best["draft"], timed, reps)
+    costs = Costs(target_costs, best.get("draft", FREE_DRAFT), draft_attention=draft_attention,
+                  draft_read=draft_read)
     rollback_costs(costs, target, draft)
     return Calibration(costs, quiet, elapsed, others)
 
@@ -147,21 +148,26 @@ def rollback_costs(costs: Costs, target: LanguageModel,
 ATTENTION_PROBE = 512
 
 
-def _draft_attention(draft: LanguageModel, step: float, timed: Callable, reps: int) -> float:
-    """Seconds per context token that a draft step adds: the fastest of ``reps`` + 1 steps
-    after ATTENTION_PROBE tokens against ``step``, the fastest after the current contents.
-    0 where the context has no room for the probe. The cache is restored."""
+def _draft_attention(draft: LanguageModel, step: float, timed: Callable,
+                     reps: int) -> tuple[float, float]:
+    """(Seconds per context token that a draft step adds, seconds per token of reading a
+    context): the fastest of ``reps`` + 1 steps after ATTENTION_PROBE tokens against
+    ``step``, the fastest after the current contents; and the probe's own batch per token
+    (what catching up on a prompt costs, :class:`~.reading.Reading`). (0, 0) where the context
+    has no room for the probe. The cache is restored."""
     base = len(draft.tokens)
     n = min(ATTENTION_PROBE, draft.n_ctx - base - 8)
     if n < ATTENTION_CONTEXT:
-        return 0.0
+        return 0.0, 0.0
     tok = draft.vocab.bos if draft.vocab.bos >= 0 else 0
     try:
+        t0 = time.perf_counter()
         draft.eval([tok] * n, 1)
+        read = (time.perf_counter() - t0) / n
         after = min(timed(draft, 1) for _ in range(reps + 1))
     finally:
         draft.truncate(base)
-    return max(0.0, after - step) / n
+    return max(0.0, after - step) / n, read
 
 
 def measure_draft_batch(draft, sizes: Sequence[int], head: Optional[ReducedHead] = None,

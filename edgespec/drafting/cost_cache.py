@@ -65,6 +65,7 @@ class CostCache:
         self.path = paths.calibration_file()
         self.key = _fingerprint(target) + "||" + (_fingerprint(draft) if draft is not None
                                                   else "-")
+        self.has_draft = draft is not None
         if head is not None:
             self.key += f"||head{HEAD_ROWS}"
 
@@ -79,10 +80,13 @@ class CostCache:
         entry = self._read().get(self.key)
         if not _current(self.key, entry) or "target" not in entry or "draft" not in entry:
             return None
+        if self.has_draft and "draft_read" not in entry:
+            return None     # kept before the draft's reading was measured: measured again
         try:
             return Costs({int(n): float(v) for n, v in entry["target"].items()},
                          float(entry["draft"]), attention=float(entry.get("attention", 0.0)),
                          draft_attention=float(entry.get("draft_attention", 0.0)),
+                         draft_read=float(entry.get("draft_read", 0.0)),
                          draft_batch={int(b): float(v) for b, v in
                                       entry.get("draft_batch", {}).items()},
                          checkpoint=float(entry.get("checkpoint", 0.0)),
@@ -95,6 +99,7 @@ class CostCache:
         saved = {k: v for k, v in self._read().items() if _current(k, v)}
         saved[self.key] = {"target": costs.target, "draft": costs.draft,
                            "attention": costs.attention, "draft_attention": costs.draft_attention,
+                           "draft_read": costs.draft_read,
                            "draft_batch": costs.draft_batch, "checkpoint": costs.checkpoint,
                            "restore": costs.restore, "redo": costs.redo,
                            "saved": time.time(), "source": source}
@@ -123,4 +128,4 @@ def calibrate_cached(target, draft, head: Optional[ReducedHead] = None, *,
         cache.save(cal.costs, "calibration")
     c = cal.costs
     return Costs(dict(c.target), c.draft, busy=not cal.quiet, draft_attention=c.draft_attention,
-                 checkpoint=c.checkpoint, restore=c.restore, redo=c.redo)
+                 draft_read=c.draft_read, checkpoint=c.checkpoint, restore=c.restore, redo=c.redo)

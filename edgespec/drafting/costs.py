@@ -61,6 +61,10 @@ class Costs:
     # an empty and a long context; the loop's steps carry fixed costs of their own that would
     # be taken for attention (docs/decisions.md#long-context-drafts).
     draft_attention: float = 0.0
+    # Seconds per context token the draft reads in a batch (catching up on a prompt):
+    # measured by the calibration on its attention probe, so that no request pays for the
+    # first measurement (docs/decisions.md#draft-read-cost); 0: not measured.
+    draft_read: float = 0.0
     position: Callable[[], int] = field(default=lambda: 0, repr=False, compare=False)
     # The draft's pass over b streams' single tokens, b >= 2 (their reduced heads' products
     # included), when several streams draft together; measured for an Engine that decodes
@@ -80,6 +84,7 @@ class Costs:
         this object see them at once)."""
         self.target, self.draft, self.busy = dict(other.target), other.draft, other.busy
         self.attention, self.draft_attention = other.attention, other.draft_attention
+        self.draft_read = other.draft_read
         self.draft_batch = dict(other.draft_batch) or self.draft_batch
         self.checkpoint, self.restore, self.redo = other.checkpoint, other.restore, other.redo
         self._cov = None
@@ -103,8 +108,10 @@ class Costs:
         scale = float(other.bare(1.0) / self.bare(1.0))
         attention = self.attention * scale
         draft_attention = other.draft_attention or self.draft_attention * scale
+        draft_read = other.draft_read or self.draft_read * scale
         self.adopt(other)
         self.attention, self.draft_attention = attention, draft_attention
+        self.draft_read = draft_read
 
     def follow(self, position: Callable[[], int]) -> None:
         """The context the passes follow from now on: ``position()`` tokens
@@ -167,6 +174,7 @@ class Costs:
             self.draft_batch = {b: v * scale for b, v in self.draft_batch.items()}
             self.attention *= scale
             self.draft_attention *= scale
+            self.draft_read *= scale
             self.checkpoint *= scale
             self.restore *= scale
             self._cov = None if self._cov is None else self._cov * scale ** 2
@@ -269,9 +277,9 @@ class Costs:
     def snapshot(self) -> "Costs":
         """A copy of these figures, refined apart from here on."""
         return Costs(dict(self.target), self.draft, busy=self.busy, attention=self.attention,
-                     draft_attention=self.draft_attention, position=self.position,
-                     draft_batch=dict(self.draft_batch), checkpoint=self.checkpoint,
-                     restore=self.restore, redo=self.redo)
+                     draft_attention=self.draft_attention, draft_read=self.draft_read,
+                     position=self.position, draft_batch=dict(self.draft_batch),
+                     checkpoint=self.checkpoint, restore=self.restore, redo=self.redo)
 
     def free(self) -> "Costs":
         """These target costs with drafts that cost nothing (n-gram lookups; the target

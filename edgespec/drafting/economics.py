@@ -69,6 +69,11 @@ class DraftEconomics:
         """Seconds of one single-token draft step."""
         return self.costs.draft_step()
 
+    def read_seconds(self) -> Optional[float]:
+        """Seconds per context token the draft reads in a batch, as the calibration measured
+        it (None: not measured)."""
+        return self.costs.draft_read or None
+
     def expected_round(self, k: int, rates: Optional[np.ndarray] = None) -> tuple[float, float]:
         """(expected tokens, expected seconds) of a round that drafts ``k`` tokens, with these
         acceptance rates per position (default: the policy's

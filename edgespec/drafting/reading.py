@@ -211,7 +211,7 @@ class Reading:
         if donor is None:
             return False
         copy = self._copy_seconds(len(donor.tokens))
-        if copy is not None and (self.catch_up_cost is not None
+        if copy is not None and (self._read_seconds() is not None
                                  or self.policy.economics is not None):
             # A long context a few tokens or chunks ahead of the cache (after n-gram rounds)
             # may be cheaper to read than to copy whole.
@@ -254,7 +254,8 @@ class Reading:
         """Whether bringing the cache up to the context is repaid by drafting for the rest of
         the answer (the tokens decoded plainly while catching up not counted). The first time
         in a generation, a window of a long prompt may be chosen (:meth:`_choose_window`).
-        Unmeasured, one chunk is the measurement, when drafting pays at all. A pinned length
+        Unmeasured (neither here nor by the calibration), one chunk is the measurement, when
+        drafting pays at all. A pinned length
         always catches up (:class:`~.policy.FixedLength`)."""
         if not self._chosen:
             self._chosen = True
@@ -275,13 +276,15 @@ class Reading:
     def catch_up_seconds(self, context: Sequence[int]) -> Optional[float]:
         """What bringing this cache up to the context would cost: evaluating the tokens it
         has not seen, or copying the target's cells for them where that is cheaper (None: not
-        measured yet, or only a few tokens behind)."""
+        measured yet, or only a few tokens behind). Reading is priced as this cache's catch-ups
+        measured it, or, before the first, as the calibration did (:meth:`_read_seconds`)."""
         lag = self._lag(context)
         if lag < 4:
             return None
         n = self._donor_holds(context)
         copy = self._copy_seconds(n) if n is not None else None
-        read = lag * self.catch_up_cost if self.catch_up_cost is not None else None
+        per_token = self._read_seconds()
+        read = lag * per_token if per_token is not None else None
         if n is not None and copy is None:
             return None         # a copy not measured yet: the first one measures it
         if copy is not None:
@@ -350,10 +353,20 @@ class Reading:
         """Seconds to copy the target's ``n`` cells (None until a copy was measured)."""
         return None if self.take_cost is None else n * self.take_cost
 
+    def _read_seconds(self) -> Optional[float]:
+        """Seconds per context token this cache reads in a batch: as its catch-ups measured
+        it, else as the calibration measured the draft reading its probe (so that no user's
+        request pays for the first measurement: a 64-token chunk of the 0.5B Qwen costs 0.3 s
+        on 2 cores, where the answer may not repay it); None when neither has."""
+        if self.catch_up_cost is not None:
+            return self.catch_up_cost
+        economics = self.policy.economics
+        return economics.read_seconds() if economics is not None else None
+
     def _token_seconds(self) -> float:
         """Seconds to evaluate one context token on the draft: as measured, or a share of a
         draft step until then (asked only under a cost model, which knows the step's)."""
-        return self.catch_up_cost or (self.PROMPT_TOKEN_SHARE
+        return self._read_seconds() or (self.PROMPT_TOKEN_SHARE
                                       * self.policy.economics.step_seconds())
 
     def _view(self, context: Sequence[int]) -> Sequence[int]:
