@@ -211,7 +211,7 @@ class Reading:
         if donor is None:
             return False
         copy = self._copy_seconds(len(donor.tokens))
-        if copy is not None and (self._read_seconds() is not None
+        if copy is not None and (self.catch_up_cost is not None
                                  or self.policy.economics is not None):
             # A long context a few tokens or chunks ahead of the cache (after n-gram rounds)
             # may be cheaper to read than to copy whole.
@@ -255,8 +255,7 @@ class Reading:
         the answer (the tokens decoded plainly while catching up not counted). The first time
         in a generation, a window of a long prompt may be chosen (:meth:`_choose_window`).
         Unmeasured (neither here nor by the calibration), one chunk is the measurement, when
-        drafting pays at all. A pinned length
-        always catches up (:class:`~.policy.FixedLength`)."""
+        drafting pays at all. A pinned length always catches up (:class:`~.policy.FixedLength`)."""
         if not self._chosen:
             self._chosen = True
             self._choose_window(context)
