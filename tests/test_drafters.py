@@ -130,6 +130,12 @@ class _Recorder:
     def rest(self):
         self.rested += 1
 
+    def new_answer(self):
+        pass
+
+    def probe_cap(self, confidence):
+        return self.k
+
 
 def sevens(policy, n_vocab=16):
     """A real ModelDrafter over a Markov model whose next token is always 7 (greedy)."""
@@ -220,6 +226,44 @@ def test_should_stop_ends_a_draft_at_once():
     d = drafter.draft([1, 2], 8, GREEDY, np.random.default_rng(0),
                       lambda: calls.append(1) or len(calls) > 2)
     assert d.x == [7, 7]
+
+
+@pytest.mark.parametrize("carried", [4.0, 0.0])
+def test_a_new_answer_learns_its_own_copy_lengths_over_what_earlier_answers_taught(carried):
+    """How a copy from the context fares is the answer's: after an edit (half its two-token
+    matches rejected at once, the rest copied for ~17 tokens), a chat's copies, all rejected
+    at once, are drafted short within a few rounds (measured on the Xeon: carried over whole,
+    a chat after edits drafted 3 copies of ~11 tokens, 1 of 34 accepted, 0.92× plain).
+    Negative control: the evidence carried whole (``carried=0``) keeps them long."""
+    from edgespec.drafting.ngram import match_confidence
+    c = Costs(dict(GEMMA[0]), 1e-4)
+    pol = AdaptiveLength(c, k_max=32, learns_costs=False, carried=carried)
+    ngram = NgramDrafter(pol)
+    conf = match_confidence(2)
+    rng = np.random.default_rng(0)
+    ngram.begin([], 0)
+    for _ in range(150):                    # the edit
+        k = pol.length_for(conf, 32)
+        n = 0 if rng.random() < 0.5 else min(k, int(rng.geometric(1 / 17)))
+        pol.observe(k, n, [conf] * k, [], c.pass_seconds(k + 1))
+    edit_length = pol.length_for(conf, 32)
+    assert edit_length >= 8
+    ngram.begin([], 0)                      # the chat
+    # Its first match: the round's plan, learned over the edit's copies, is no licence
+    # either; a new answer's first match of a kind drafts a short probe.
+    context = [5, 6, *range(100, 140), 5, 6]        # a two-token match, 40 tokens on
+    ngram.plan()
+    drafted = len(ngram.draft(context, 32, GREEDY, rng, NEVER).x)
+    assert drafted <= 4 if carried else drafted >= 0.8 * edit_length, drafted
+    pol.observe(drafted, 0, [conf] * drafted, [], c.pass_seconds(drafted + 1))
+    lengths = []
+    for _ in range(5):
+        lengths.append(pol.length_for(conf, 32))
+        pol.observe(lengths[-1], 0, [conf] * lengths[-1], [], c.pass_seconds(lengths[-1] + 1))
+    if carried:
+        assert lengths[1] <= 4 and sum(lengths[1:]) <= 12, lengths
+    else:
+        assert min(lengths) >= 0.8 * edit_length, lengths
 
 
 def test_a_resting_adaptive_policy_forgets_and_reprobes():

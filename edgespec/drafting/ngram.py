@@ -67,7 +67,9 @@ class NgramDrafter:
         self.long_match = False     # this round's draft is a long match's, past the plan
 
     def begin(self, context: Sequence[int], limit: int) -> None:
-        """(Nothing to prepare: the context is all a lookup needs.)"""
+        """A new answer: the policy weighs its own rounds above earlier answers' (the
+        context is all a lookup needs)."""
+        self.policy.new_answer()
 
     def plan(self) -> int:
         """The policy's plan, or, when a match of the context's longest kind would pay on its
@@ -97,6 +99,10 @@ class NgramDrafter:
         # accepted far longer than one of 2 (chat text: half are rejected at once).
         k_match = self.policy.length_for(match_confidence(n), k_max,
                                          slow_start=n <= self.ngram_max) if x else 0
+        if n <= self.ngram_max:
+            # (the plan too: one learned over an edit's copies would send a chat's first
+            # short match 32 tokens on)
+            k = min(k, self.policy.probe_cap(match_confidence(n)))
         self.long_match = k_match > k
         k = max(k, k_match)
         del x[k:]

@@ -79,6 +79,14 @@ class LengthPolicy(Protocol):
     def rest(self) -> None:
         """A round this policy took no part in (another source drafted)."""
 
+    def new_answer(self) -> None:
+        """A new answer begins: what earlier answers taught becomes a prior that this
+        answer's own rounds soon outweigh."""
+
+    def probe_cap(self, confidence: float) -> int:
+        """At most how many tokens a draft of this ``confidence`` may take while this answer
+        has tried few of them: 4, 8, 16… as it tries more (a pinned length: no cap)."""
+
 
 class FixedLength:
     """K tokens per round, cut when the draft's top probability is below ``p_min``. It has no
@@ -108,6 +116,12 @@ class FixedLength:
 
     def rest(self) -> None:
         pass
+
+    def new_answer(self) -> None:
+        pass
+
+    def probe_cap(self, confidence: float) -> int:
+        return self.k
 
 
 class _Decayed:
@@ -142,6 +156,12 @@ class _Decayed:
         self.tested *= decay
         self.accepted *= decay
 
+    def cap(self, most: float) -> None:
+        """At most ``most`` tests' weight in each bucket, its rate kept."""
+        scale = np.minimum(1.0, most / np.maximum(self.tested, 1e-12))
+        self.tested *= scale
+        self.accepted *= scale
+
 
 @dataclass
 class AdaptiveLength:
@@ -168,6 +188,10 @@ class AdaptiveLength:
     z_probe: float = 1.0
     margin: float = 0.05
     replan_every: int = 8
+    # What earlier answers taught weighs at most this many tests per bucket when a drafter
+    # begins a new one (:meth:`new_answer`; the n-gram's copies, whose acceptance is the
+    # answer's); 0: no cap.
+    carried: float = 4.0
     _n_bins: int = 10
     _pos: _Decayed = field(init=False)
     _conf: _Decayed = field(init=False)
@@ -199,6 +223,9 @@ class AdaptiveLength:
         # Whether a draft's first token was accepted, per confidence bin (free drafts'
         # lengths, :meth:`length_for`).
         self._first = _Decayed(self._n_bins, strength=2.0)
+        # This answer's drafting rounds per confidence bin of their first token (the slow
+        # start of a kind of draft, :meth:`probe_cap`).
+        self._tried = np.zeros(self._n_bins)
         self.economics = DraftEconomics(self)
 
     @property
@@ -353,7 +380,8 @@ class AdaptiveLength:
         rate = self.economics.rates_by_length(np.concatenate(([first], later)), 0.0)
         k = int(np.argmax(rate))
         if slow_start:
-            k = min(k, 4 << min(int(self._conf.tested[self._bin(confidence)]), 8))
+            k = min(k, 4 << min(int(self._conf.tested[self._bin(confidence)]), 8),
+                    self.probe_cap(confidence))
         return k if rate[k] >= rate[0] * (1 + self.margin) else 0
 
     def extension_for(self, confidence: float, room: int) -> int:
@@ -362,6 +390,26 @@ class AdaptiveLength:
         # fifteen plain passes), and a match of 6-8 tokens there is often the passage
         # quoted, not the answer (measured: 4 of 48 and 4 of 37 appended tokens accepted).
         return room if self.joint is not None else self.length_for(confidence, room)
+
+    def new_answer(self) -> None:
+        """A new answer begins. Where :attr:`carried` is set, what earlier answers taught
+        keeps its rates but weighs at most that many tests per bucket, so that this answer's
+        first rounds outweigh it: how a copy from the context fares is a property of the
+        answer (a file being edited is copied for dozens of tokens, a chat's two-token matches
+        are mostly rejected at once), and an Engine's evidence from the one must not make the
+        other draft past what pays for its first several rounds."""
+        if self.carried > 0:
+            for d in (self._pos, self._conf, self._first):
+                d.cap(self.carried)
+            self._streak = 0        # and its plans start slow, 4, 8, 16… tokens
+            self._tried[:] = 0      # as does each kind of draft (:meth:`probe_cap`)
+
+    def probe_cap(self, confidence: float) -> int:
+        """4 << (this answer's rounds that drafted at this confidence, up to 8): a kind of
+        draft this answer has not tried costs a short probe, whatever earlier answers
+        taught (a chat's first three-token match after edits: 32 tokens on the edits' plan,
+        rejected at its first)."""
+        return 4 << min(int(self._tried[self._bin(confidence)]), 8)
 
     def rest(self) -> None:
         """A round this policy took no part in (another source drafted): its evidence fades
@@ -391,6 +439,7 @@ class AdaptiveLength:
         if k and confidences and confidences[0] is not None:
             self._first.age(decay)
             self._first.add(self._bin(confidences[0]), n > 0)
+            self._tried[self._bin(confidences[0])] += 1
         self._rounds += 1
         # A round planned to draft counts towards the slow start even when the confidence
         # gate cut it to nothing: that is evidence about the gate, not a plain-decoding
