@@ -21,14 +21,14 @@ An Engine's drafters, the costs they share and each generation's speculation are
 
 from __future__ import annotations
 
-from .base import Draft, Drafter
+from .base import Draft, Drafter, LengthPolicy
 from .calibration import calibrate
 from .cost_cache import CostCache, calibrate_cached
 from .costs import Costs
 from .hybrid import HybridDrafter
 from .model import ModelDrafter
 from .ngram import NgramDrafter
-from .policy import AdaptiveLength, FixedLength, LengthPolicy
+from .policy import AdaptiveLength, FixedLength
 from .reduced_head import HEAD_MIN_VOCAB, ReducedHead
 from .cross_vocab import Translation
 

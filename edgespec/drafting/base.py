@@ -20,6 +20,7 @@ from ..sampling import Dist
 
 if TYPE_CHECKING:
     from ..constraints import GrammarState
+    from .economics import DraftEconomics
 
 # An extender: given the draft so far, tokens that continue it for free (an n-gram match).
 Extender = Callable[[list[int]], list[int]]
@@ -129,3 +130,54 @@ class Drafter(Protocol):
 
     def rollback(self, n_keep: int) -> None:
         """Forget anything after the first ``n_keep`` tokens of the context."""
+
+
+class LengthPolicy(Protocol):
+    """Decides how many tokens to draft; learns from each verified round."""
+
+    # What drafting is expected to cost and save, on this policy's estimates (None: a length
+    # that is not the cost model's, as a pinned one).
+    economics: Optional[DraftEconomics]
+
+    @property
+    def needs_confidence(self) -> bool:
+        """Whether the drafter should measure its confidence this round (it costs a pass over
+        the draft's logits)."""
+
+    def plan(self) -> int:
+        """Most tokens to draft this round (0: decode this round with the target alone)."""
+
+    def keep_drafting(self, i: int, confidence: Optional[float]) -> bool:
+        """Before drawing draft token ``i`` (0-based) whose distribution has this confidence
+        (the draft's top probability; ``None`` when not measured)."""
+
+    def length_for(self, confidence: float, k_max: int, slow_start: bool = False) -> int:
+        """How many tokens a free draft of this ``confidence`` (an n-gram match's length,
+        :func:`~.ngram.match_confidence`) is worth, up to ``k_max``, whatever this round's
+        plan: 0 when none (a pinned length: always 0, the plan is the user's). ``slow_start``:
+        while drafts of this confidence have little evidence, 4, 8, 16… tokens as it comes
+        in, rather than what the optimistic prior says."""
+
+    def extension_for(self, confidence: float, room: int) -> int:
+        """How many tokens of a match's continuation (of this ``confidence``) to append to
+        another source's draft, up to ``room``: as far as free drafts of that confidence pay
+        for their rows (:meth:`length_for`); all of them where the length is not this
+        policy's to weigh (pinned, or planned jointly with other streams)."""
+
+    def observe(self, k: int, n: int, confidences: Sequence[Optional[float]],
+                draft_step_seconds: Sequence[float], verify_seconds: float,
+                k_verified: Optional[int] = None) -> None:
+        """A round drafted ``k`` tokens and ``n`` were accepted; what each part cost.
+        ``k_verified``: how many drafts the verify pass checked, when it also checked tokens
+        this policy did not choose (an n-gram continuation of the draft)."""
+
+    def rest(self) -> None:
+        """A round this policy took no part in (another source drafted)."""
+
+    def new_answer(self) -> None:
+        """A new answer begins: what earlier answers taught becomes a prior that this
+        answer's own rounds soon outweigh."""
+
+    def probe_cap(self, confidence: float) -> int:
+        """At most how many tokens a draft of this ``confidence`` may take while this answer
+        has tried few of them: 4, 8, 16… as it tries more (a pinned length: no cap)."""

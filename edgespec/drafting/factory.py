@@ -12,12 +12,12 @@ from typing import Callable, Optional
 
 from ..config import DrafterKind, SpecConfig
 from ..lm import LanguageModel
-from .base import Drafter
+from .base import Drafter, LengthPolicy
 from .costs import Costs
 from .hybrid import HybridDrafter
 from .model import ModelDrafter
 from .ngram import NgramDrafter
-from .policy import AdaptiveLength, FixedLength, LengthPolicy
+from .policy import AdaptiveLength, FixedLength
 from .reduced_head import ReducedHead
 
 

@@ -17,9 +17,8 @@ import numpy as np
 from ..config import SamplingParams
 from ..lm import LanguageModel
 from ..sampling import Dist, apply_penalties, draw, warp
-from .base import Draft, Extender
+from .base import Draft, Extender, LengthPolicy
 from .cross_vocab import Translation, restrict
-from .policy import LengthPolicy
 from .reading import Reading
 from .reduced_head import ReducedHead
 

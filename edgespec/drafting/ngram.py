@@ -9,8 +9,7 @@ import numpy as np
 
 from ..config import SamplingParams
 from ..sampling import Dist
-from .base import Draft, Extender
-from .policy import LengthPolicy
+from .base import Draft, Extender, LengthPolicy
 from .suffix import SuffixIndex
 
 if TYPE_CHECKING:

@@ -26,66 +26,16 @@ callers then act as a pinned length does (read everything, draft regardless).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Protocol, Sequence
+from typing import Callable, Optional
 
 import numpy as np
 
 from .costs import Costs
+from .decayed import Decayed
 from .economics import DraftEconomics
 
 # No draft position is assumed accepted more often than this, however thin the evidence.
 MAX_ACCEPTANCE = 0.99
-
-
-class LengthPolicy(Protocol):
-    """Decides how many tokens to draft; learns from each verified round."""
-
-    # What drafting is expected to cost and save, on this policy's estimates (None: a length
-    # that is not the cost model's, as a pinned one).
-    economics: Optional[DraftEconomics]
-
-    @property
-    def needs_confidence(self) -> bool:
-        """Whether the drafter should measure its confidence this round (it costs a pass over
-        the draft's logits)."""
-
-    def plan(self) -> int:
-        """Most tokens to draft this round (0: decode this round with the target alone)."""
-
-    def keep_drafting(self, i: int, confidence: Optional[float]) -> bool:
-        """Before drawing draft token ``i`` (0-based) whose distribution has this confidence
-        (the draft's top probability; ``None`` when not measured)."""
-
-    def length_for(self, confidence: float, k_max: int, slow_start: bool = False) -> int:
-        """How many tokens a free draft of this ``confidence`` (an n-gram match's length,
-        :func:`~.ngram.match_confidence`) is worth, up to ``k_max``, whatever this round's
-        plan: 0 when none (a pinned length: always 0, the plan is the user's). ``slow_start``:
-        while drafts of this confidence have little evidence, 4, 8, 16… tokens as it comes
-        in, rather than what the optimistic prior says."""
-
-    def extension_for(self, confidence: float, room: int) -> int:
-        """How many tokens of a match's continuation (of this ``confidence``) to append to
-        another source's draft, up to ``room``: as far as free drafts of that confidence pay
-        for their rows (:meth:`length_for`); all of them where the length is not this
-        policy's to weigh (pinned, or planned jointly with other streams)."""
-
-    def observe(self, k: int, n: int, confidences: Sequence[Optional[float]],
-                draft_step_seconds: Sequence[float], verify_seconds: float,
-                k_verified: Optional[int] = None) -> None:
-        """A round drafted ``k`` tokens and ``n`` were accepted; what each part cost.
-        ``k_verified``: how many drafts the verify pass checked, when it also checked tokens
-        this policy did not choose (an n-gram continuation of the draft)."""
-
-    def rest(self) -> None:
-        """A round this policy took no part in (another source drafted)."""
-
-    def new_answer(self) -> None:
-        """A new answer begins: what earlier answers taught becomes a prior that this
-        answer's own rounds soon outweigh."""
-
-    def probe_cap(self, confidence: float) -> int:
-        """At most how many tokens a draft of this ``confidence`` may take while this answer
-        has tried few of them: 4, 8, 16… as it tries more (a pinned length: no cap)."""
 
 
 class FixedLength:
@@ -124,45 +74,6 @@ class FixedLength:
         return self.k
 
 
-class _Decayed:
-    """Acceptance counts per bucket that fade with age, shrunk towards a prior.
-
-    ``rates(prior)`` returns (accepted + s·prior) / (tested + s) per bucket, so a bucket with
-    little recent evidence falls back to the prior (a scalar or one value per bucket).
-    ``rates(prior, z)`` adds z standard errors: an optimistic estimate while evidence is thin.
-    """
-
-    def __init__(self, n: int, strength: float):
-        self.tested = np.zeros(n)
-        self.accepted = np.zeros(n)
-        self.strength = strength
-
-    def rates(self, prior, z: float = 0.0) -> np.ndarray:
-        """Shrunk rates, raised by ``z`` standard errors (an upper confidence bound)."""
-        s = self.strength
-        n = self.tested + s
-        r = (self.accepted + s * np.asarray(prior)) / n
-        return np.minimum(1.0, r + z * np.sqrt(r * (1 - r) / n)) if z else r
-
-    def pooled(self, prior: float) -> float:
-        s = self.strength
-        return float((self.accepted.sum() + s * prior) / (self.tested.sum() + s))
-
-    def add(self, bucket: int, accepted: bool) -> None:
-        self.tested[bucket] += 1
-        self.accepted[bucket] += accepted
-
-    def age(self, decay: float) -> None:
-        self.tested *= decay
-        self.accepted *= decay
-
-    def cap(self, most: float) -> None:
-        """At most ``most`` tests' weight in each bucket, its rate kept."""
-        scale = np.minimum(1.0, most / np.maximum(self.tested, 1e-12))
-        self.tested *= scale
-        self.accepted *= scale
-
-
 @dataclass
 class AdaptiveLength:
     """Cost-model draft length (see the module docstring).
@@ -193,8 +104,8 @@ class AdaptiveLength:
     # answer's); 0: no cap.
     carried: float = 4.0
     _n_bins: int = 10
-    _pos: _Decayed = field(init=False)
-    _conf: _Decayed = field(init=False)
+    _pos: Decayed = field(init=False)
+    _conf: Decayed = field(init=False)
     _rate: float = field(init=False, default=0.0)
     _reach: float = field(init=False, default=1.0)
     _planned: int = field(init=False, default=0)
@@ -218,11 +129,11 @@ class AdaptiveLength:
     economics: DraftEconomics = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self._pos = _Decayed(self.k_max, strength=8.0)
-        self._conf = _Decayed(self._n_bins, strength=2.0)
+        self._pos = Decayed(self.k_max, strength=8.0)
+        self._conf = Decayed(self._n_bins, strength=2.0)
         # Whether a draft's first token was accepted, per confidence bin (free drafts'
         # lengths, :meth:`length_for`).
-        self._first = _Decayed(self._n_bins, strength=2.0)
+        self._first = Decayed(self._n_bins, strength=2.0)
         # This answer's drafting rounds per confidence bin of their first token (the slow
         # start of a kind of draft, :meth:`probe_cap`).
         self._tried = np.zeros(self._n_bins)

@@ -26,9 +26,8 @@ import numpy as np
 from ..errors import BackendError, RPCError
 from ..lm import LanguageModel
 from ..prompt_cache import common_prefix
-from .base import Draft
+from .base import Draft, LengthPolicy
 from .cross_vocab import Translation
-from .policy import LengthPolicy
 
 
 class Reading:
