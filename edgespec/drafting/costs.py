@@ -206,10 +206,11 @@ class Costs:
             self._cov_keys = keys
             self._cov = np.diag((PRIOR_SPREAD * spread) ** 2)
             if ROW_SCALE > 0:
-                logs = np.log(np.array(keys, dtype=float))
+                rows = np.array(keys, dtype=float)
+                logs = np.log(rows)
                 rho = np.exp(-np.abs(logs[:, None] - logs[None, :]) / ROW_SCALE)
                 # (not the one-row entry: plain passes rescale the whole table through it)
-                one = np.array(keys) == 1
+                one = rows == 1
                 rho[one, :] = rho[:, one] = 0.0
                 rho[one, one] = 1.0
                 self._cov[:m, :m] = rho * np.outer(PRIOR_SPREAD * spread[:m],

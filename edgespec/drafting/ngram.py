@@ -96,18 +96,18 @@ class NgramDrafter:
         # none): the plan is learned over every match, and a copy of 8 tokens of the context
         # (a file being edited: measured, half of them continue for 32 tokens or more) is
         # accepted far longer than one of 2 (chat text: half are rejected at once).
-        k_match = self.policy.length_for(match_confidence(n), k_max,
-                                         slow_start=n <= self.ngram_max) if x else 0
-        if n <= self.ngram_max:
+        confidence = match_confidence(n)
+        short = n <= self.ngram_max
+        k_match = self.policy.length_for(confidence, k_max, slow_start=short) if x else 0
+        if short:
             # (the plan too: one learned over an edit's copies would send a chat's first
             # short match 32 tokens on)
-            k = min(k, self.policy.probe_cap(match_confidence(n)))
+            k = min(k, self.policy.probe_cap(confidence))
         self.long_match = k_match > k
         k = max(k, k_match)
         del x[k:]
         # Free to know (no pass over logits): every round teaches the policy's confidence
         # bins, which a long match's length is drawn from; the gate cuts on it as it asks.
-        confidence = match_confidence(n)
         gate = confidence if self.policy.needs_confidence else None
         if not self.long_match:
             for i in range(len(x)):

@@ -38,6 +38,12 @@ from .economics import DraftEconomics
 MAX_ACCEPTANCE = 0.99
 
 
+def slow_start_length(tried: float) -> int:
+    """The most tokens a draft may take after ``tried`` rounds (or tests) of its kind:
+    4, 8, 16… up to 1024."""
+    return 4 << min(int(tried), 8)
+
+
 class FixedLength:
     """K tokens per round, cut when the draft's top probability is below ``p_min``. It has no
     cost model (no ``economics``): the length is the user's."""
@@ -218,7 +224,7 @@ class AdaptiveLength:
         k, self._rate = self.best()
         # Slow start: after plain decoding (and at first) drafts grow 4, 8, 16… tokens per
         # round while evidence comes in, instead of gambling 32 draft steps on estimates.
-        cap = min(self.k_max, 4 << min(self._streak, 8))
+        cap = min(self.k_max, slow_start_length(self._streak))
         k = min(k, cap)
         self._pos_rates = self.position_rates(self._probe_z if self._probing else None)
         if self.joint is not None:      # other streams share the passes: planned together
@@ -291,7 +297,7 @@ class AdaptiveLength:
         rate = self.economics.rates_by_length(np.concatenate(([first], later)), 0.0)
         k = int(np.argmax(rate))
         if slow_start:
-            k = min(k, 4 << min(int(self._conf.tested[self._bin(confidence)]), 8),
+            k = min(k, slow_start_length(self._conf.tested[self._bin(confidence)]),
                     self.probe_cap(confidence))
         return k if rate[k] >= rate[0] * (1 + self.margin) else 0
 
@@ -320,7 +326,7 @@ class AdaptiveLength:
         draft this answer has not tried costs a short probe, whatever earlier answers
         taught (a chat's first three-token match after edits: 32 tokens on the edits' plan,
         rejected at its first)."""
-        return 4 << min(int(self._tried[self._bin(confidence)]), 8)
+        return slow_start_length(self._tried[self._bin(confidence)])
 
     def rest(self) -> None:
         """A round this policy took no part in (another source drafted): its evidence fades
