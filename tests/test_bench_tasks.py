@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from edgespec import SamplingParams
+from edgespec.bench.copies import copy_passes, in_one_row_passes
 from edgespec.bench.task_bench import (TaskCell, edit_budget, format_task_report, limits_note,
                                        summarise, task_configs)
 from edgespec.bench.tasks import (CODE_EDITS, EDIT_KINDS, LANGUAGES, LAYOUTS, TASKS, CodeEdit,
@@ -164,6 +165,36 @@ def test_the_oracle_is_the_best_other_configuration_per_task():
     assert [line.split()[0] for line in table[at + 2:at + 4]] == ["qa", "math"]
 
 
+def test_the_copies_bound_drafts_each_match_exactly_as_far_as_the_answer_follows_it():
+    file = list(range(100, 160))         # 60 tokens, none repeated
+    edit = file[:30] + [999] + file[30:]     # one new token in the middle
+    # no match for the answer's first two tokens (the prompt's end is not met earlier), then
+    # the file's copy as far as the new token (28 drafts and the new token from the pass's
+    # last row), two passes of one row, and the rest of the copy
+    assert copy_passes(file, edit, max_rows=64) == [1, 1, 29, 1, 1, 29]
+    # at most max_rows - 1 drafts a pass
+    assert copy_passes(file, edit, max_rows=16) == [1, 1, 16, 13, 1, 1, 16, 13]
+    # a match whose first token is wrong drafts nothing (the answer parts from the file)
+    assert copy_passes(file, file[:5] + [7, 8, 9], max_rows=64) == [1, 1, 4, 1, 1]
+    # priced by a pass's seconds for n rows, in one-row passes
+    assert in_one_row_passes([1, 1, 29], lambda n: 1 + 0.1 * (n - 1)) == pytest.approx(5.8)
+    assert in_one_row_passes([], lambda n: n) == 0.0
+    # the bench's column: plain's 100 tokens whole in 10 s, 8 of them decoding
+    names = [c.name for c in task_configs([2])[0]]
+    cells = {n: TaskCell(runs=1, seconds=10.0 if n == "plain" else 5.0, tokens=100,
+                         decode=8.0) for n in names}
+    cells["plain"].copy_rows = [1] * 20 + [40, 40]      # 100 tokens in 22 passes
+    res = summarise({"code_edit": cells}, *task_configs([2]), perfect=(0.1, 64),
+                    price=lambda rows: in_one_row_passes(rows, lambda n: 1 + 0.1 * (n - 1)))
+    row = res["tasks"]["code_edit"]
+    # 20 + 2 × 4.9 = 29.8 one-row passes for 100 tokens: decoding at 0.298 of plain's
+    assert row["copies"] == pytest.approx(10.0 / (2.0 + 8.0 * 0.298))
+    assert row["bound"] == pytest.approx(10.0 / (2.0 + 0.8))
+    assert row["default_over_copies"] == pytest.approx(2.0 / row["copies"])
+    assert "copies" in format_task_report({**res, "max_tokens": 4, "temperature": 0.0,
+                                           "cold": True, "warm_runs": 0}).splitlines()[0]
+
+
 def test_where_the_time_went_is_each_parts_share_of_the_whole_answers():
     class S:        # a generation's stats, as the bench reads them
         completion_tokens, drafted, accepted = 50, 40, 30
@@ -241,6 +272,11 @@ def test_a_task_run_has_every_tasks_row_from_cold_caches(smollm2_f32_path, smoll
             assert all(0 <= v <= 1 for v in t["shares"].values())
             assert 0.5 < sum(t["shares"].values()) <= 1.0 + 1e-9   # disjoint parts
         assert row["time"]["plain"]["shares"]["draft"] == 0
+        # the copies' bound: perfect lengths for the context's own matches, no better than
+        # perfect drafts of every token
+        assert 1.0 <= row["copies"] <= row["bound"] + 1e-9
+        assert row["default_over_copies"] == pytest.approx(
+            row["speedups"]["hybrid"] / row["copies"])
     g = res["geomean"]
     assert g["prompts"] == n
     for name in res["configs"][1:]:

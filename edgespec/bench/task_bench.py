@@ -30,12 +30,13 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Callable, Optional
 
 from ..config import SamplingParams, SpecConfig
 from ..errors import EdgespecError
 from ..engine.request import GenerationRequest
+from .copies import copy_passes, in_one_row_passes
 from .long_prompts import cold
 from .runner import Config, config_engines, make_configs
 from .tasks import CODE_EDITS, TASKS, as_raw, task_prompts
@@ -63,9 +64,13 @@ class TaskCell:
     verify: float = 0.0
     decode: float = 0.0
     python: float = 0.0
+    # plain's answers: the rows of each pass their context's copies would take with perfect
+    # lengths (:func:`~.copies.copy_passes`)
+    copy_rows: list = field(default_factory=list)
 
-    def add(self, stats, wall: float, ended: bool = False) -> None:
+    def add(self, stats, wall: float, ended: bool = False, copy_rows=()) -> None:
         self.runs += 1
+        self.copy_rows += copy_rows
         self.seconds += wall
         self.ended += ended
         self.tokens += stats.completion_tokens
@@ -163,13 +168,14 @@ def run_task_bench(engine, *, tasks: tuple = TASKS, max_tokens: int,
     all_prompts = task_prompts()
     items = [(task, as_raw(p, task) if raw else p) for task in tasks
              for p in all_prompts[task]]
-    sizes = [len(engine.prompt_tokens(p, raw=raw)) for _, p in items]
+    prompt_tokens = [engine.prompt_tokens(p, raw=raw) for _, p in items]
+    sizes = [len(t) for t in prompt_tokens]
     # code_edit's answers: the whole file back, each with a budget of its own
     edits = iter(edit_file_tokens(engine))          # in its prompts' order
     file_tokens = [next(edits) if task == "code_edit" else None for task, _ in items]
     limits = answer_limits(engine, sizes, file_tokens, max_tokens, edit_cap)
     engines = config_engines(engine, configs)
-    every = [engine, *engines.values()]
+    every, n_rows = [engine, *engines.values()], engine.target.n_outputs_max
 
     runs = itertools.count()
 
@@ -200,8 +206,9 @@ def run_task_bench(engine, *, tasks: tuple = TASKS, max_tokens: int,
                 for c in configs[shift:] + configs[:shift]:
                     out, walls[c.name] = generate(c, prompt, limit, s)
                     warm += out.stats.prompt_tokens_evaluated < size
-                    cells[task][c.name].add(out.stats, walls[c.name],
-                                            out.finish_reason == "stop")
+                    cells[task][c.name].add(out.stats, walls[c.name], out.finish_reason == "stop",
+                                            copy_passes(prompt_tokens[j], out.tokens, n_rows)
+                                            if c.name == "plain" else ())
                 log(f"  {task} ({size}-token prompt"
                     + (f", up to {limit} new" if limit != max_tokens else "") + ")"
                     + (f", repeat {r + 1}" if repeats > 1 else "") + ": plain "
@@ -212,7 +219,8 @@ def run_task_bench(engine, *, tasks: tuple = TASKS, max_tokens: int,
             cold(e)
     costs = engine.costs      # (as refined by the runs)
     res = summarise(cells, configs, default,
-                    costs.perfect_drafts(engine.target.n_outputs_max) if costs else None)
+                    costs.perfect_drafts(n_rows) if costs else None,
+                    (lambda rows: in_one_row_passes(rows, costs.bare)) if costs else None)
 
     def per_task(values: list) -> dict:
         return {t: [v for (task, _), v in zip(items, values) if task == t] for t in tasks}
@@ -226,14 +234,19 @@ def run_task_bench(engine, *, tasks: tuple = TASKS, max_tokens: int,
 
 
 def _row(cells: dict, configs: list[Config], default: str, pinned: list[str],
-         perfect: Optional[tuple[float, int]] = None) -> dict:
+         perfect: Optional[tuple[float, int]] = None,
+         price: Optional[Callable[[list], float]] = None) -> dict:
     plain = cells["plain"]
     speedups = {c.name: plain.seconds / cells[c.name].seconds if cells[c.name].seconds
                 else 0.0 for c in configs[1:]}
     # The bound: plain's answers with their decoding at the per-token cost of perfect drafts
     # (always accepted, free), their prompts and the rest as they were.
-    bound = (plain.seconds / (plain.seconds - plain.decode * (1 - perfect[0]))
-             if perfect and plain.seconds else None)
+    def at(per_token: float) -> float:
+        return plain.seconds / (plain.seconds - plain.decode * (1 - min(1.0, per_token)))
+    bound = at(perfect[0]) if perfect and plain.seconds else None
+    # The copies' bound: the same with the passes of the context's copies at perfect lengths.
+    copies = (at(price(plain.copy_rows) / plain.tokens)
+              if price and plain.copy_rows and plain.tokens and plain.seconds else None)
     best = max(pinned, key=lambda n: speedups[n]) if pinned else None
     oracle = speedups[best] if best else None
     d = cells[default]
@@ -243,6 +256,8 @@ def _row(cells: dict, configs: list[Config], default: str, pinned: list[str],
             "speedups": speedups, "oracle": {"config": best, "speedup": oracle},
             "default_over_oracle": speedups[default] / oracle if oracle else None,
             "bound": bound, "default_over_bound": speedups[default] / bound if bound else None,
+            "copies": copies,
+            "default_over_copies": speedups[default] / copies if copies else None,
             "default_acceptance": d.accepted / d.drafted if d.drafted else None,
             "completion_tokens": {c.name: cells[c.name].tokens for c in configs},
             "time": {n: cells[n].breakdown() for n in ("plain", default)},
@@ -250,13 +265,15 @@ def _row(cells: dict, configs: list[Config], default: str, pinned: list[str],
 
 
 def summarise(cells: dict, configs: list[Config], default: str,
-              perfect: Optional[tuple[float, int]] = None) -> dict:
+              perfect: Optional[tuple[float, int]] = None,
+              price: Optional[Callable[[list], float]] = None) -> dict:
     """Per task: the plain time (mean seconds a prompt), each configuration's speedup, the
     oracle (the best configuration but plain and the default), the default over the oracle,
     the default's acceptance; and the geometric means over tasks (the default's acceptance:
     over all its drafts)."""
     pinned = [c.name for c in configs[1:] if c.name != default]
-    rows = {t: _row(row, configs, default, pinned, perfect) for t, row in cells.items()}
+    rows = {t: _row(row, configs, default, pinned, perfect, price)
+            for t, row in cells.items()}
     drafted = sum(row[default].drafted for row in cells.values())
     accepted = sum(row[default].accepted for row in cells.values())
     overall = {
@@ -269,6 +286,8 @@ def summarise(cells: dict, configs: list[Config], default: str,
         "default_over_oracle": geomean([r["default_over_oracle"] for r in rows.values()]),
         "bound": geomean([r["bound"] for r in rows.values()]),
         "default_over_bound": geomean([r["default_over_bound"] for r in rows.values()]),
+        "copies": geomean([r["copies"] for r in rows.values()]),
+        "default_over_copies": geomean([r["default_over_copies"] for r in rows.values()]),
         "default_acceptance": accepted / drafted if drafted else None}
     return {"tasks": rows, "geomean": overall, "configs": [c.name for c in configs],
             "default": default, "pinned": pinned,
@@ -286,7 +305,8 @@ def format_task_report(res: dict) -> str:
     def x(v: Optional[float]) -> str:
         return "-" if v is None else f"{v:.2f}"
     lines = [f"{'task':14}{'plain s':>8}" + "".join(f"{n:>{w}}" for n, w in zip(shown, widths))
-             + f"  {'oracle':13}{'dflt/orc':>9}{'bound':>7}{'dflt/bnd':>9}{'accept':>7}"]
+             + f"  {'oracle':13}{'dflt/orc':>9}{'bound':>7}{'dflt/bnd':>9}{'copies':>7}"
+             + f"{'dflt/cpy':>9}{'accept':>7}"]
     for name, r in [*res["tasks"].items(), ("geomean", res["geomean"])]:
         o = r["oracle"]
         oracle = f"{o['config']} {x(o['speedup'])}" if o["config"] else "-"
@@ -295,7 +315,8 @@ def format_task_report(res: dict) -> str:
         lines.append(f"{name:14}{x(r['plain_seconds']):>8}"
                      + "".join(f"{x(r['speedups'][n]):>{w}}" for n, w in zip(names, widths))
                      + f"  {oracle:13}{x(r['default_over_oracle']):>9}{x(r.get('bound')):>7}"
-                     + f"{x(r.get('default_over_bound')):>9}{accept:>7}")
+                     + f"{x(r.get('default_over_bound')):>9}{x(r.get('copies')):>7}"
+                     + f"{x(r.get('default_over_copies')):>9}{accept:>7}")
     lines += _time_lines(res)
     cold_note = ("every generation from cold caches" if res["cold"] else
                  f"{res['warm_runs']} generation(s) found part of the prompt cached")
@@ -308,7 +329,9 @@ def format_task_report(res: dict) -> str:
         + (f"{res['perfect']['per_token']:.2f} of a one-row pass a token (passes of "
            f"{res['perfect']['rows']} rows, from the cost model's measured row costs)"
            if res.get("perfect") else "(no cost model: -)")
-        + "; dflt/bnd: the default's share of it; accept: the default's acceptance (-: it "
+        + "; dflt/bnd: the default's share of it; copies: the same with the context's copies "
+        "drafted to exactly their agreeing length and every other token a one-row pass; "
+        "dflt/cpy: the default's share of that; accept: the default's acceptance (-: it "
         "drafted nothing)",
         f"{res['geomean']['prompts']} answers per configuration, {limits_note(res)}, "
         + (f"{res['sampler']}'s sampler at " if res.get("sampler") else "")
