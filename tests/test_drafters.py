@@ -438,31 +438,6 @@ def test_real_passes_teach_each_row_count_at_any_context():
     assert line.pass_seconds(12) < 0.87 * (_qwen_rows(12) + att * 12 * 1000)
 
 
-@pytest.mark.parametrize("row_scale", [0.5, 0.0])
-def test_passes_near_a_long_draft_reprice_it(monkeypatch, row_scale):
-    """A calibration that priced long passes too high (measured on the Xeon: 33 rows at 6-7
-    one-row passes on one table, lower once refined) leaves them seldom run, so their price
-    seldom measured: passes of 16-24 rows that cost less than the table said lower the entry
-    for 33 as well. Negative control: uncorrelated entries (``ROW_SCALE = 0``) leave it."""
-    from edgespec.drafting import costs as costs_module
-    monkeypatch.setattr(costs_module, "ROW_SCALE", row_scale)
-    table = {1: 0.085, 4: 0.15, 8: 0.21, 16: 0.32, 33: 0.55}
-    truth = {n: (v if n < 16 else 0.75 * v) for n, v in table.items()}
-    c = Costs(dict(table), 0.02, position=lambda: 100)
-    rng = np.random.default_rng(2)
-    for _ in range(40):
-        n = int(rng.choice([16, 20, 24]))
-        true = float(Costs(dict(truth), 0.02).bare(n))
-        c.observe_target(n, true * rng.uniform(0.95, 1.05))
-    for n in (16, 24):
-        assert c.pass_seconds(n) == pytest.approx(Costs(dict(truth), 0.02).bare(n), rel=0.08)
-    if row_scale:
-        assert c.pass_seconds(33) < 0.88 * table[33]
-    else:
-        assert c.pass_seconds(33) == pytest.approx(table[33], rel=0.01)
-    assert c.pass_seconds(1) == pytest.approx(table[1], rel=0.01)
-
-
 def test_one_slow_pass_does_not_move_a_learned_row_count_far():
     c = Costs(dict(QWEN_EPYC), 0.015, position=lambda: 100)
     for _ in range(100):

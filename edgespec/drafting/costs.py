@@ -28,13 +28,6 @@ PASS_NOISE = 0.15
 PRIOR_SPREAD = 0.25
 PRIOR_CONTEXT = 2000
 DRIFT = 0.02
-# How far the calibration's error at one row count tells of its error at another: the prior
-# correlation of two entries of several rows is exp(-|ln(a / b)| / ROW_SCALE) (0: none). A
-# pass of 24 rows that costs less than the table said then lowers the entry for 33 too, which
-# a pass of 33 rows would otherwise have to correct, though a long draft priced too high is
-# seldom run (measured on the Xeon: the same edit took 37-45 passes on a fresh table whose 33
-# rows cost 6-7 one-row passes, 26 on one refined over many passes).
-ROW_SCALE = 0.5
 
 
 @dataclass
@@ -205,16 +198,6 @@ class Costs:
         if self._cov is None or self._cov_keys != keys:
             self._cov_keys = keys
             self._cov = np.diag((PRIOR_SPREAD * spread) ** 2)
-            if ROW_SCALE > 0:
-                rows = np.array(keys, dtype=float)
-                logs = np.log(rows)
-                rho = np.exp(-np.abs(logs[:, None] - logs[None, :]) / ROW_SCALE)
-                # (not the one-row entry: plain passes rescale the whole table through it)
-                one = rows == 1
-                rho[one, :] = rho[:, one] = 0.0
-                rho[one, one] = 1.0
-                self._cov[:m, :m] = rho * np.outer(PRIOR_SPREAD * spread[:m],
-                                                   PRIOR_SPREAD * spread[:m])
         cov = self._cov + np.diag((DRIFT * spread) ** 2)
         phi = np.zeros(m + 1)
         phi[keys.index(n)] = 1.0
