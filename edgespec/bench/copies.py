@@ -17,13 +17,15 @@ from typing import Sequence
 
 import numpy as np
 
-from ..drafting.ngram import lookup
+from ..drafting.ngram import NGRAM_MAX, NGRAM_MIN, WINDOW, lookup
 
 
 def copy_passes(prompt: Sequence[int], answer: Sequence[int], max_rows: int,
-                ngram_min: int = 2, ngram_max: int = 8, window: int = 4096) -> list[int]:
+                ngram_min: int = NGRAM_MIN, ngram_max: int = NGRAM_MAX,
+                window: int = WINDOW) -> list[int]:
     """The rows of each verify pass that would decode ``answer`` after ``prompt`` with the
-    context's matches drafted to exactly their agreeing length (at most ``max_rows`` - 1)."""
+    context's matches drafted to exactly their agreeing length (at most ``max_rows`` - 1), by
+    the n-gram drafter's own lookup settings unless given."""
     context = list(prompt)
     rows: list[int] = []
     i = 0

@@ -16,6 +16,10 @@ if TYPE_CHECKING:
     from ..constraints import GrammarState
 
 
+# The n-gram drafter's lookup: the context's last 2-8 tokens, searched in its last 4096.
+NGRAM_MIN, NGRAM_MAX, WINDOW = 2, 8, 4096
+
+
 def lookup(context: Sequence[int], k: int, ngram_min: int, ngram_max: int,
            window: int) -> tuple[list[int], int]:
     """The continuation (at most ``k`` tokens) after the longest, most recent earlier
@@ -57,8 +61,9 @@ class NgramDrafter:
     match, as in SuffixDecoding, not as the other matches'.
     """
 
-    def __init__(self, policy: LengthPolicy, ngram_min: int = 2, ngram_max: int = 8,
-                 window: int = 4096, index: Optional[Callable[[], Optional[SuffixIndex]]] = None):
+    def __init__(self, policy: LengthPolicy, ngram_min: int = NGRAM_MIN,
+                 ngram_max: int = NGRAM_MAX, window: int = WINDOW,
+                 index: Optional[Callable[[], Optional[SuffixIndex]]] = None):
         self.policy = policy
         self.index = index      # earlier requests' tokens (suffix.py), as of this generation
         self.ngram_min, self.ngram_max, self.window = ngram_min, ngram_max, window
